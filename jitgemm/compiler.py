@@ -1,0 +1,80 @@
+"""NVRTC: CUDA source -> cubin, through cuda-python. The only place that compiles."""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+from cuda.bindings import nvrtc
+
+# -lineinfo keeps source correlation for profilers at no runtime cost. ptxas warnings that
+# mean a silently slow kernel (C7508 setmaxnreg ignored, C7510/C7511/C7515 wgmma serialised)
+# are promoted to errors by checking the log below.
+BASE_OPTIONS = ("--std=c++17", "-lineinfo", "--use_fast_math")
+SLOW_KERNEL_WARNINGS = ("C7508", "C7510", "C7511", "C7515")
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected the source, or ptxas warned that the kernel would run slowly."""
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    cubin: bytes
+    log: str
+    seconds: float
+
+
+@functools.lru_cache(maxsize=1)
+def nvrtc_version() -> str:
+    err, major, minor = nvrtc.nvrtcVersion()
+    _check(err, "nvrtcVersion")
+    return f"{major}.{minor}"
+
+
+def options_for(arch: str) -> tuple[str, ...]:
+    return BASE_OPTIONS + (f"--gpu-architecture={arch}",)
+
+
+def _check(err, what: str, log: str = ""):
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _, msg = nvrtc.nvrtcGetErrorString(err)
+        raise CompileError(f"{what} failed: {msg.decode() if isinstance(msg, bytes) else msg}\n{log}")
+
+
+def compile_cubin(source: str, arch: str, name: str = "jitgemm.cu", source_path: str | None = None) -> CompileResult:
+    """Compile `source` for `arch` (e.g. 'sm_90a'); returns the cubin and NVRTC's log.
+
+    `source_path`, when given, is where the rendered source was saved; errors name it.
+    """
+    start = time.perf_counter()
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    _check(err, "nvrtcCreateProgram")
+    try:
+        opts = [o.encode() for o in options_for(arch)]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        log = _program_log(prog)
+        where = f" (rendered source: {source_path})" if source_path else ""
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(f"NVRTC failed to compile {name} for {arch}{where}:\n{log}")
+        slow = [w for w in SLOW_KERNEL_WARNINGS if w in log]
+        if slow:
+            raise CompileError(f"ptxas warned {slow} for {name} ({arch}): the kernel would be "
+                               f"silently slow{where}:\n{log}")
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        _check(err, "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+        _check(err, "nvrtcGetCUBIN")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return CompileResult(cubin, log, time.perf_counter() - start)
+
+
+def _program_log(prog) -> str:
+    err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or size <= 1:
+        return ""
+    buf = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, buf)
+    return buf.rstrip(b"\x00").decode(errors="replace")

@@ -1,0 +1,92 @@
+"""KernelConfig: every choice a template needs to render one kernel, as one frozen value."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+
+from .problem import A_MAJORS, B_MAJORS, DTYPE_BYTES, INPUT_DTYPES, OUTPUT_DTYPES
+
+ARCHS = ("sm_90a", "sm_100a")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    arch: str = "sm_90a"
+    dtype: str = "bf16"
+    out_dtype: str = "bf16"
+    a_major: str = "K"
+    b_major: str = "N"
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64           # elements; 128 bytes of K for 16-bit inputs
+    num_stages: int = 4
+    num_consumers: int = 2      # math warpgroups (sm90) / MMA consumers (sm100)
+    cluster_size: int = 1       # 1 or 2 CTAs per cluster
+    multicast: str = "none"     # "none", "A" (peers share the A tile) or "B"
+    group_size: int = 8         # L2 raster group, in tiles along the grouped side
+    raster: str = "m"           # "m": groups of block-rows, "n": groups of block-columns
+    has_c: bool = False         # epilogue reads C and computes alpha*acc + beta*C
+    swap_ab: bool = False       # sm100: compute C^T = B^T A^T for small M
+
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise ValueError("invalid KernelConfig: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Structural checks that hold for every arch; arch rules add their own."""
+        out = []
+        if self.arch not in ARCHS:
+            out.append(f"arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.dtype not in INPUT_DTYPES:
+            out.append(f"dtype must be one of {INPUT_DTYPES}, got {self.dtype!r}")
+        if self.out_dtype not in OUTPUT_DTYPES:
+            out.append(f"out_dtype must be one of {OUTPUT_DTYPES}, got {self.out_dtype!r}")
+        if self.a_major not in A_MAJORS:
+            out.append(f"a_major must be one of {A_MAJORS}, got {self.a_major!r}")
+        if self.b_major not in B_MAJORS:
+            out.append(f"b_major must be one of {B_MAJORS}, got {self.b_major!r}")
+        if self.block_k * DTYPE_BYTES.get(self.dtype, 2) != 128:
+            out.append(f"block_k must be 128 bytes of K ({128 // DTYPE_BYTES.get(self.dtype, 2)} elements), got {self.block_k}")
+        if self.block_m not in (64, 128, 256):
+            out.append(f"block_m must be 64, 128 or 256, got {self.block_m}")
+        if not (16 <= self.block_n <= 256 and self.block_n % 16 == 0):
+            out.append(f"block_n must be a multiple of 16 in [16, 256], got {self.block_n}")
+        if self.num_consumers not in (1, 2):
+            out.append(f"num_consumers must be 1 or 2, got {self.num_consumers}")
+        if self.num_stages < 2 or self.num_stages > 16:
+            out.append(f"num_stages must be in [2, 16], got {self.num_stages}")
+        if self.cluster_size not in (1, 2):
+            out.append(f"cluster_size must be 1 or 2, got {self.cluster_size}")
+        if self.multicast not in ("none", "A", "B"):
+            out.append(f"multicast must be 'none', 'A' or 'B', got {self.multicast!r}")
+        if self.cluster_size == 1 and self.multicast != "none":
+            out.append("multicast needs cluster_size 2")
+        if self.group_size < 1:
+            out.append(f"group_size must be >= 1, got {self.group_size}")
+        if self.raster not in ("m", "n"):
+            out.append(f"raster must be 'm' or 'n', got {self.raster!r}")
+        return out
+
+    # --- serialisation: used by the cache meta file, the CLI and the override variable ---
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "KernelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown KernelConfig fields {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+    @property
+    def name(self) -> str:
+        """A short, unique, human-readable kernel name (also the CUDA symbol suffix)."""
+        return (f"{self.arch}_{self.dtype}_{self.out_dtype}_{self.a_major}{self.b_major}"
+                f"_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}"
+                f"_c{self.num_consumers}_cl{self.cluster_size}{self.multicast}"
+                f"_g{self.group_size}{self.raster}{'_C' if self.has_c else ''}{'_swap' if self.swap_ab else ''}")

@@ -1,0 +1,125 @@
+"""Shared-memory and TMA layout of a kernel configuration.
+
+One source of truth for the numbers the template, the runtime (tensor-map boxes) and the
+heuristics (shared-memory arithmetic) must agree on.
+
+Operand tiles use 128-byte swizzling. A K-major tile is `rows x 64` 16-bit elements (one
+128-byte row per M or N index). An MN-major tile is stored as pieces of 64 MN-elements x
+block_k K-rows, each piece one TMA box. With TMA multicast of an operand, the two CTAs of a
+cluster each load half of that operand's pieces and multicast them to both CTAs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import KernelConfig
+from .problem import DTYPE_BYTES
+
+SWIZZLE_ATOM = 1024           # bytes: 8 rows of 128 bytes, the 128B-swizzle repeat
+SMEM_CAPACITY = {"sm_90a": 232448, "sm_100a": 232448}
+BARRIER_BYTES = 8
+WGMMA_M = 64
+
+
+@dataclass(frozen=True)
+class OperandLayout:
+    major_is_k: bool      # K-major (rows of 128 bytes) or MN-major (pieces of 64 MN elements)
+    extent: int           # block_m or block_n
+    piece_extent: int     # MN elements covered by one TMA box
+    piece_bytes: int
+    num_pieces: int       # pieces in the whole tile
+    pieces_per_rank: int  # pieces each CTA loads (all of them unless multicast on this operand)
+    multicast: bool
+    box: tuple            # TMA box, innermost dimension first
+
+    @property
+    def tile_bytes(self) -> int:
+        return self.num_pieces * self.piece_bytes
+
+    @property
+    def lbo(self) -> int:
+        """wgmma descriptor leading byte offset (MN-major: stride between 64-wide pieces)."""
+        return self.piece_bytes if not self.major_is_k else 16
+
+    @property
+    def sbo(self) -> int:
+        """wgmma descriptor stride byte offset: between 8-row (K-major) or 8-K (MN-major) groups."""
+        return SWIZZLE_ATOM
+
+
+def _operand(major_is_k: bool, extent: int, block_k: int, elem: int, multicast: bool) -> OperandLayout:
+    ranks = 2 if multicast else 1
+    if major_is_k:
+        piece_extent = extent // ranks
+        num_pieces = ranks
+        box = (block_k, piece_extent)
+        piece_bytes = piece_extent * block_k * elem
+    else:
+        piece_extent = 128 // elem
+        num_pieces = -(-extent // piece_extent)
+        box = (piece_extent, block_k)
+        piece_bytes = piece_extent * block_k * elem
+    return OperandLayout(major_is_k, extent, piece_extent, piece_bytes, num_pieces,
+                         num_pieces // ranks, multicast, box)
+
+
+@dataclass(frozen=True)
+class KernelLayout:
+    config: KernelConfig
+    a: OperandLayout
+    b: OperandLayout
+    wg_m: int                 # rows of the tile each math warpgroup owns
+    out_swizzle: int          # bytes: 128, 64 or 32
+    out_piece_cols: int       # output columns per TMA store box
+    out_box: tuple            # (out_piece_cols, wg_m)
+    out_bytes: int            # epilogue staging buffer, all warpgroups
+    stage_bytes: int
+    smem_bytes: int           # dynamic shared memory to request, alignment slack included
+    num_threads: int
+    acc_regs: int             # fp32 accumulator registers per math thread
+
+    @property
+    def num_out_pieces(self) -> int:
+        return self.config.block_n // self.out_piece_cols
+
+
+def structural_problems(cfg: KernelConfig) -> list[str]:
+    """Reasons a config cannot be laid out (empty when it can)."""
+    out = []
+    elem = DTYPE_BYTES[cfg.dtype]
+    if cfg.block_m % (WGMMA_M * cfg.num_consumers):
+        out.append(f"block_m={cfg.block_m} must give each of the {cfg.num_consumers} math warpgroups a multiple of 64 rows")
+    if cfg.cluster_size == 2 and cfg.multicast == "none":
+        out.append("cluster_size 2 needs multicast 'A' or 'B'")
+    for name, major_is_k, extent in (("A", cfg.a_major == "K", cfg.block_m), ("B", cfg.b_major == "K", cfg.block_n)):
+        if cfg.multicast != name:
+            continue
+        if major_is_k and (extent // 2) % 8:
+            out.append(f"multicast {name}: half of the {extent}-row K-major tile must be a multiple of 8 rows")
+        if not major_is_k and (-(-extent // (128 // elem))) % 2:
+            out.append(f"multicast {name}: an MN-major tile of {extent} must span an even number of 64-wide pieces")
+    return out
+
+
+def layout_of(cfg: KernelConfig) -> KernelLayout:
+    problems = structural_problems(cfg)
+    if problems:
+        raise ValueError(f"config {cfg.name} cannot be laid out: " + "; ".join(problems))
+    elem = DTYPE_BYTES[cfg.dtype]
+    out_elem = DTYPE_BYTES[cfg.out_dtype]
+    a = _operand(cfg.a_major == "K", cfg.block_m, cfg.block_k, elem, cfg.multicast == "A")
+    b = _operand(cfg.b_major == "K", cfg.block_n, cfg.block_k, elem, cfg.multicast == "B")
+    wg_m = cfg.block_m // cfg.num_consumers
+    # Widest swizzle whose row of elements divides block_n, so that store boxes never spill
+    # into the neighbouring tile.
+    out_swizzle = next(s for s in (128, 64, 32) if cfg.block_n % (s // out_elem) == 0)
+    out_piece_cols = out_swizzle // out_elem
+    out_bytes = cfg.block_m * cfg.block_n * out_elem
+    # Round each region to the swizzle atom so every TMA box starts 1024-byte aligned.
+    out_bytes = -(-out_bytes // SWIZZLE_ATOM) * SWIZZLE_ATOM
+    stage_bytes = a.tile_bytes + b.tile_bytes
+    barriers = (2 * cfg.num_stages + cfg.num_consumers) * BARRIER_BYTES
+    smem = cfg.num_stages * stage_bytes + out_bytes + barriers + SWIZZLE_ATOM
+    acc_regs = (wg_m // WGMMA_M) * (cfg.block_n // 2)
+    return KernelLayout(cfg, a, b, wg_m, out_swizzle, out_piece_cols, (out_piece_cols, wg_m),
+                        out_bytes, stage_bytes, smem, 128 * (1 + cfg.num_consumers), acc_regs)

@@ -1,0 +1,58 @@
+"""The problem a GEMM call poses, as one frozen value that everything downstream reads."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Element types the kernels take as inputs, and the output types they can write.
+INPUT_DTYPES = ("bf16", "fp16")
+OUTPUT_DTYPES = ("bf16", "fp16", "fp32")
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+# Operand majors: which dimension is contiguous in memory.
+#   A is (M, K): "K" = row-major a, "M" = a transposed view of a contiguous (K, M) array.
+#   B is (K, N): "N" = row-major b, "K" = a transposed view of a contiguous (N, K) array.
+A_MAJORS = ("K", "M")
+B_MAJORS = ("K", "N")
+
+# Short layout names used by the CLI: first letter A, second B, "n" = K-major, "t" = MN-major
+# (BLAS convention for C = A @ B with column-major thinking is avoided on purpose: these
+# letters describe the operands exactly as the user passes them).
+LAYOUTS = {"nt": ("K", "N"), "nn": ("K", "K"), "tn": ("M", "K"), "tt": ("M", "N")}
+
+
+@dataclass(frozen=True)
+class Problem:
+    m: int
+    n: int
+    k: int
+    dtype: str = "bf16"        # input element type, the same for A and B
+    out_dtype: str = "bf16"    # output element type
+    a_major: str = "K"
+    b_major: str = "N"
+    has_c: bool = False        # an addend C (beta * C) is read in the epilogue
+
+    def __post_init__(self):
+        for name in ("m", "n", "k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Problem.{name} must be a positive int, got {value!r}")
+        if self.dtype not in INPUT_DTYPES:
+            raise ValueError(f"Problem.dtype must be one of {INPUT_DTYPES}, got {self.dtype!r}")
+        if self.out_dtype not in OUTPUT_DTYPES:
+            raise ValueError(f"Problem.out_dtype must be one of {OUTPUT_DTYPES}, got {self.out_dtype!r}")
+        if self.a_major not in A_MAJORS:
+            raise ValueError(f"Problem.a_major must be one of {A_MAJORS}, got {self.a_major!r}")
+        if self.b_major not in B_MAJORS:
+            raise ValueError(f"Problem.b_major must be one of {B_MAJORS}, got {self.b_major!r}")
+
+    @property
+    def layout(self) -> str:
+        return {v: k for k, v in LAYOUTS.items()}[(self.a_major, self.b_major)]
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    def describe(self) -> str:
+        return (f"M={self.m} N={self.n} K={self.k} {self.dtype}->{self.out_dtype} "
+                f"layout={self.layout} (A {self.a_major}-major, B {self.b_major}-major)")

@@ -1,0 +1,75 @@
+"""Render a KernelConfig to self-contained CUDA C++ with the Jinja templates."""
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+import jinja2
+
+from .config import KernelConfig
+from .layout import KernelLayout, layout_of
+from .problem import DTYPE_BYTES
+
+TEMPLATES = {"sm_90a": "sm90_gemm.cu.j2", "sm_100a": "sm100_gemm.cu.j2"}
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    root = resources.files("jitgemm.templates")
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def kernel_name(cfg: KernelConfig) -> str:
+    return "jitgemm_" + cfg.name
+
+
+def _operand_vars(name: str, op, major_is_k: bool) -> dict:
+    lower = name.lower()
+    return {
+        "name": name,
+        "multicast": op.multicast,
+        "num_pieces": op.num_pieces,
+        "pieces_per_rank": op.pieces_per_rank,
+        "piece_bytes": op.piece_bytes,
+        "piece_extent": op.piece_extent,
+        "tile_fn": f"{lower}_tile",
+        "map": f"map_{lower}",
+        "origin": "m0" if name == "A" else "n0",
+        # TMA coordinates, innermost dimension first.
+        "coords": "k0, mn" if major_is_k else "mn, k0",
+    }
+
+
+def render_sm90(cfg: KernelConfig, lay: KernelLayout) -> str:
+    variables = {
+        "cfg": cfg,
+        "lay": lay,
+        "kernel_name": kernel_name(cfg),
+        "n_acc": cfg.block_n // 2,
+        "ab_type": {"bf16": "bf16", "fp16": "f16"}[cfg.dtype],
+        # wgmma's transpose flags: 0 reads K-major operands, 1 MN-major ones.
+        "trans_a": 0 if cfg.a_major == "K" else 1,
+        "trans_b": 0 if cfg.b_major == "K" else 1,
+        "out_elem": DTYPE_BYTES[cfg.out_dtype],
+        "pack": {"bf16": "pack_bf16x2", "fp16": "pack_f16x2", "fp32": ""}[cfg.out_dtype],
+        "to_f32": {"bf16": "bf16_to_f32", "fp16": "f16_to_f32", "fp32": ""}[cfg.out_dtype],
+        "operands": [_operand_vars("A", lay.a, cfg.a_major == "K"),
+                     _operand_vars("B", lay.b, cfg.b_major == "K")],
+    }
+    return _environment().get_template(TEMPLATES["sm_90a"]).render(**variables)
+
+
+def render(cfg: KernelConfig) -> str:
+    """The CUDA source of the kernel for `cfg` (what the cache key hashes)."""
+    if cfg.arch == "sm_90a":
+        return render_sm90(cfg, layout_of(cfg))
+    if cfg.arch == "sm_100a":
+        from .render_sm100 import render_sm100
+        return render_sm100(cfg)
+    raise ValueError(f"no template for arch {cfg.arch!r}; supported: {sorted(TEMPLATES)}")

@@ -1,0 +1,189 @@
+"""CUDA driver plumbing through cuda-python: context, module load, TMA descriptors, launch."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from cuda.bindings import driver
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed."""
+
+
+def check(result, what: str):
+    """Unpack a cuda-python (err, *values) tuple, raising CudaError on failure."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        _, text = driver.cuGetErrorString(err)
+        raise CudaError(f"{what} failed: {_text(name)} ({_text(text)})")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@functools.lru_cache(maxsize=1)
+def init_driver() -> None:
+    check(driver.cuInit(0), "cuInit")
+
+
+def device_count() -> int:
+    try:
+        init_driver()
+        return check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
+    except (CudaError, RuntimeError, OSError):
+        return 0
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    ordinal: int
+    name: str
+    compute_capability: tuple
+    num_sms: int
+    smem_per_block_optin: int
+
+    @property
+    def arch(self) -> str:
+        """The kernel target for this device (sm_90a, sm_100a, ...)."""
+        major, minor = self.compute_capability
+        return f"sm_{major}{minor}a"
+
+
+@functools.lru_cache(maxsize=None)
+def device_info(ordinal: int) -> DeviceInfo:
+    init_driver()
+    dev = check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
+    attr = driver.CUdevice_attribute
+
+    def get(a):
+        return check(driver.cuDeviceGetAttribute(a, dev), f"cuDeviceGetAttribute({a.name})")
+
+    name = _text(check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName")).rstrip("\x00")
+    return DeviceInfo(
+        ordinal=ordinal,
+        name=name,
+        compute_capability=(get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+        num_sms=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+        smem_per_block_optin=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+    )
+
+
+_context_lock = threading.Lock()
+
+
+def ensure_context(ordinal: int) -> None:
+    """Make the device's primary context current on this thread (CuPy and torch use it too)."""
+    init_driver()
+    ctx = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if ctx is not None and int(ctx) != 0:
+        current = check(driver.cuCtxGetDevice(), "cuCtxGetDevice")
+        if int(current) == ordinal:
+            return
+    with _context_lock:
+        dev = check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
+        primary = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        check(driver.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    module: object
+    function: object
+    name: str
+    smem_bytes: int
+    num_threads: int
+    cluster_size: int
+
+
+def load_kernel(cubin: bytes, name: str, smem_bytes: int, num_threads: int, cluster_size: int) -> LoadedKernel:
+    """Load a cubin into the current context and prepare its kernel for launch."""
+    module = check(driver.cuModuleLoadData(cubin), f"cuModuleLoadData({name})")
+    function = check(driver.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
+    check(driver.cuFuncSetAttribute(
+        function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
+        f"setting {smem_bytes} bytes of dynamic shared memory for {name}")
+    return LoadedKernel(module, function, name, smem_bytes, num_threads, cluster_size)
+
+
+# ---- TMA descriptors ----
+_TMA_DTYPES = {
+    "bf16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    "fp16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    "fp32": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+}
+_SWIZZLES = {
+    32: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
+    64: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+    128: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+}
+_tensor_maps: OrderedDict = OrderedDict()
+_tensor_maps_lock = threading.Lock()
+TENSOR_MAP_CACHE_SIZE = 4096
+
+
+def tensor_map_2d(dtype: str, ptr: int, inner: int, outer: int, outer_stride_bytes: int,
+                  box: tuple, swizzle: int):
+    """A 2-D tiled TMA descriptor (reused across calls with the same pointer and geometry)."""
+    key = (dtype, ptr, inner, outer, outer_stride_bytes, box, swizzle)
+    with _tensor_maps_lock:
+        found = _tensor_maps.get(key)
+        if found is not None:
+            _tensor_maps.move_to_end(key)
+            return found
+    tmap = check(driver.cuTensorMapEncodeTiled(
+        _TMA_DTYPES[dtype], 2, ptr,
+        [driver.cuuint64_t(inner), driver.cuuint64_t(outer)],
+        [driver.cuuint64_t(outer_stride_bytes)],
+        [driver.cuuint32_t(box[0]), driver.cuuint32_t(box[1])],
+        [driver.cuuint32_t(1), driver.cuuint32_t(1)],
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        _SWIZZLES[swizzle],
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    ), f"cuTensorMapEncodeTiled(dims=({inner}, {outer}), stride={outer_stride_bytes}, box={box})")
+    with _tensor_maps_lock:
+        _tensor_maps[key] = tmap
+        if len(_tensor_maps) > TENSOR_MAP_CACHE_SIZE:
+            _tensor_maps.popitem(last=False)
+    return tmap
+
+
+_launch_configs: dict = {}
+
+
+def _launch_config(kernel: LoadedKernel, grid: int, stream: int):
+    key = (kernel.name, grid, stream)
+    cfg = _launch_configs.get(key)
+    if cfg is None:
+        cfg = driver.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = kernel.num_threads, 1, 1
+        cfg.sharedMemBytes = kernel.smem_bytes
+        cfg.hStream = driver.CUstream(stream)
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = kernel.cluster_size, 1, 1
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        if len(_launch_configs) > 1024:
+            _launch_configs.clear()
+        _launch_configs[key] = cfg
+    return cfg
+
+
+def launch(kernel: LoadedKernel, grid: int, stream: int, tensor_maps: list, ints: list, floats: list):
+    """Launch `kernel` on `stream` with args (*tensor_maps, *ints, *floats)."""
+    values = tuple(tensor_maps) + tuple(ints) + tuple(floats)
+    types = (None,) * len(tensor_maps) + (ctypes.c_int,) * len(ints) + (ctypes.c_float,) * len(floats)
+    check(driver.cuLaunchKernelEx(_launch_config(kernel, grid, stream), kernel.function, (values, types), 0),
+          f"cuLaunchKernelEx({kernel.name}, grid={grid})")
