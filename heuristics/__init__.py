@@ -1,5 +1,20 @@
-"""Kernel-configuration heuristics: `select(problem, device) -> KernelConfig` (pure, deterministic)."""
+"""Kernel-configuration heuristics (shipped as `jitgemm.heuristics`).
+
+- `select(problem, device) -> KernelConfig`: pure, deterministic, cached per (problem, device).
+- `explain(problem, device, top=5) -> dict`: the choice, the best candidates with their modelled
+  cost, and the layouts the rules removed (JSON-serialisable; printed by `jitgemm explain`).
+- `check_config(config, problem, device) -> list[str]`: why a forced config cannot run.
+- `config_from_env(problem, device)`: the `JITGEMM_CONFIG` override, validated.
+- `require_valid(config, problem, device, source)`: check_config that raises ValueError.
+
+sm_90a rules live in `sm90`, sm_100a rules in `sm100` (imported on first use); shared pieces
+(stage arithmetic, wave quantisation, raster, ranking) in `common`.
+"""
 from __future__ import annotations
+
+import json
+import os
+from dataclasses import fields
 
 from jitgemm.config import KernelConfig
 from jitgemm.problem import Problem
@@ -7,10 +22,139 @@ from jitgemm.problem import Problem
 from . import sm90
 from .common import DeviceSpec
 
-__all__ = ["DeviceSpec", "select"]
+__all__ = ["DeviceSpec", "select", "explain", "check_config", "config_from_env", "require_valid",
+           "ENV_VAR", "SUPPORTED_ARCHS"]
+
+ENV_VAR = "JITGEMM_CONFIG"
+SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
+# Fields a config always takes from the problem (and the device), never from a forced config.
+PROBLEM_FIELDS = ("dtype", "out_dtype", "a_major", "b_major", "has_c")
+
+
+def _arch_module(arch: str):
+    if arch == "sm_90a":
+        return sm90
+    if arch == "sm_100a":
+        try:
+            from . import sm100
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.endswith("heuristics.sm100"):
+                raise ValueError("no heuristics for sm_100a yet (heuristics/sm100.py is missing)") from exc
+            raise
+        return sm100
+    raise ValueError(f"no heuristics for arch {arch!r}; supported: {list(SUPPORTED_ARCHS)}")
 
 
 def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
+    """The kernel configuration for `problem` on `device`."""
+    return _arch_module(device.arch).select(problem, device)
+
+
+def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
+    """JSON-serialisable account of the choice: keys "problem", "device", "chosen" (a
+    KernelConfig dict), "candidates" (the best `top`, each {"config", "name", "cost", ...cost
+    terms}) and "rejected" (each {"config": description, "rule": why})."""
+    return _arch_module(device.arch).explain(problem, device, top)
+
+
+def check_config(config: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
+    """Human-readable reasons why `config` cannot run `problem` on `device`; empty when it can."""
+    if not isinstance(config, KernelConfig):
+        return [f"expected a jitgemm.KernelConfig, got {type(config).__name__}"]
+    if device.arch not in SUPPORTED_ARCHS:
+        return [f"the device arch {device.arch!r} is not supported; supported: {list(SUPPORTED_ARCHS)}"]
+    if config.arch != device.arch:
+        # The arch rules of the config would not apply to this device at all.
+        out = [f"arch is {config.arch!r} but the device is {device.arch!r}"]
+        out += [f"{name} is {getattr(config, name)!r} but the problem has {getattr(problem, name)!r}"
+                for name in PROBLEM_FIELDS if getattr(config, name) != getattr(problem, name)]
+        return out
+    module = _arch_module(device.arch)
+    checker = getattr(module, "check_config", None)
+    if checker is None:           # an arch module without its own checks: the common ones
+        return [f"{name} is {getattr(config, name)!r} but the problem has {getattr(problem, name)!r}"
+                for name in PROBLEM_FIELDS if getattr(config, name) != getattr(problem, name)]
+    return checker(config, problem, device)
+
+
+def require_valid(config: KernelConfig, problem: Problem, device: DeviceSpec, source: str = "config") -> KernelConfig:
+    """`config` if it can run `problem` on `device`, else ValueError naming `source` and the reasons."""
+    reasons = check_config(config, problem, device)
+    if reasons:
+        name = config.name if isinstance(config, KernelConfig) else repr(config)
+        raise ValueError(f"{source}: {name} cannot run {problem.describe()} on {device.arch} "
+                         f"({device.num_sms} SMs): " + "; ".join(reasons))
+    return config
+
+
+_FIELD_TYPES = {f.name: type(f.default) for f in fields(KernelConfig)}
+_TILE_FIELDS = ("block_m", "block_n", "num_consumers", "cluster_size", "multicast")
+
+
+def _parse_env(text: str) -> dict:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{ENV_VAR} must be a JSON object of KernelConfig fields: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{ENV_VAR} must be a JSON object of KernelConfig fields, got {type(data).__name__}")
+    unknown = sorted(k for k in data if k not in _FIELD_TYPES)
+    if unknown:
+        raise ValueError(f"{ENV_VAR}: unknown KernelConfig fields {unknown}; known: {sorted(_FIELD_TYPES)}")
+    for key in sorted(data):
+        want, value = _FIELD_TYPES[key], data[key]
+        ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
+        if not ok:
+            raise ValueError(f"{ENV_VAR}: field {key!r} must be {want.__name__}, got {value!r}")
+    return data
+
+
+def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> KernelConfig | None:
+    """The configuration forced by the `JITGEMM_CONFIG` environment variable, or None when unset.
+
+    The variable holds a JSON object of KernelConfig fields, e.g.
+    `{"block_m": 128, "block_n": 208, "cluster_size": 2, "multicast": "A"}`. Fields left out are
+    taken from `select`'s choice, except those that follow from the ones given, which are
+    re-derived by the same rules: num_consumers from block_m, cluster_size and multicast from each
+    other (and no cluster when select's pairing does not fit the tile given), num_stages (as many
+    as fit) and the raster when the tile changes. arch comes from the
+    device and dtype, out_dtype, a_major, b_major, has_c from the problem: giving a different
+    value is an error. Raises ValueError naming JITGEMM_CONFIG and the reasons.
+    """
+    env = os.environ if environ is None else environ
+    text = env.get(ENV_VAR, "")
+    if not text.strip():
+        return None
+    data = _parse_env(text)
+    chosen = select(problem, device)
+    merged = chosen.to_dict()
+    merged.update(data)
     if device.arch == "sm_90a":
-        return sm90.select(problem, device)
-    raise ValueError(f"no heuristics for arch {device.arch!r}; supported: ['sm_90a']")
+        if "block_m" in data and "num_consumers" not in data:
+            merged["num_consumers"] = sm90.num_consumers_for(merged["block_m"])
+        if "multicast" in data and "cluster_size" not in data:
+            merged["cluster_size"] = 1 if merged["multicast"] == "none" else 2
+        if "cluster_size" in data and "multicast" not in data:
+            if merged["cluster_size"] == 1:
+                merged["multicast"] = "none"
+            elif merged["multicast"] == "none":   # pair along the longer side by default
+                merged["multicast"] = "A" if problem.n >= problem.m else "B"
+    try:
+        cfg = KernelConfig(**merged)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{ENV_VAR}={text!r}: {exc}") from None
+    if device.arch == "sm_90a" and any(k in data for k in _TILE_FIELDS + ("out_dtype",)):
+        from jitgemm.layout import structural_problems
+        if structural_problems(cfg) and "cluster_size" not in data and "multicast" not in data:
+            # select's pairing does not fit the tile that was given: run without a cluster
+            cfg = KernelConfig(**{**cfg.to_dict(), "cluster_size": 1, "multicast": "none"})
+        if not structural_problems(cfg):
+            if "num_stages" not in data:
+                cfg, _ = sm90.with_stages(cfg, device)
+            if "raster" not in data and "group_size" not in data:
+                cfg = sm90.with_raster(cfg, problem, device)
+    reasons = check_config(cfg, problem, device)
+    if reasons:
+        raise ValueError(f"{ENV_VAR}={text!r} gives {cfg.name}, which cannot run {problem.describe()} "
+                         f"on {device.arch} ({device.num_sms} SMs): " + "; ".join(reasons))
+    return cfg

@@ -1,12 +1,49 @@
-"""Arch-independent pieces of kernel selection: the device description and smem arithmetic."""
+"""Arch-independent pieces of kernel selection, shared by `sm90` and `sm100`.
+
+Everything here is pure Python and deterministic (no dict/set ordering, no hashing, no clocks).
+The names below are a stable interface for the per-arch modules:
+
+- `DeviceSpec`: what selection knows about a GPU (arch, SM count) and the per-arch rates the
+  cost models use (`device.rates`).
+- Stage arithmetic: `max_stages`, `stage_rule`, and the constants `MAX_STAGES`, `MIN_STAGES`,
+  `MIN_STAGES_SMALL_TILE`, `SMALL_TILE_ELEMS`.
+- Wave quantisation: `Waves`, `waves_of`.
+- L2 raster: `tile_order`, `raster_footprint`, `choose_raster` (the tile walk of the templates'
+  persistent scheduler, groups of block-rows or block-columns, optionally 2-CTA clusters).
+- Operand traffic: `covered_extent` (how much of a dimension the TMA boxes of all blocks read).
+- Ranking and reporting: `Candidate`, `Rejection`, `rank`, `best`, `explanation`,
+  `problem_dict`, `device_dict`, `describe_layout`.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Sequence
 
 from jitgemm.config import KernelConfig
 from jitgemm.layout import SMEM_CAPACITY, layout_of
+from jitgemm.problem import Problem
 
-MAX_STAGES = 8
+# ----------------------------------------------------------------------------- device
+
+
+@dataclass(frozen=True)
+class ArchRates:
+    """Per-SM, per-clock rates of one architecture, used only to *compare* candidates.
+
+    The absolute values matter little (the cost is in modelled clock cycles); their ratios decide
+    which resource binds. Defaults are H100/H200-class numbers for 16-bit inputs.
+    """
+    mma_flops_per_clk: int = 4096        # dense 16-bit tensor-core FLOPs per SM per clock
+    smem_bytes_per_clk: int = 128        # shared-memory bandwidth per SM
+    l2_sm_bytes_per_clk: int = 64        # L2 -> one SM ingress
+    l2_total_bytes_per_clk: int = 6144   # L2 -> all SMs (about 8 TB/s at 1.3 GHz, as DeepGEMM models it)
+    hbm_bytes_per_clk: int = 2400        # DRAM (H200: 4.8 TB/s at 1.98 GHz)
+    load_latency_clk: int = 1000         # TMA load round trip the pipeline must cover
+
+
+ARCH_RATES = {"sm_90a": ArchRates(), "sm_100a": ArchRates(mma_flops_per_clk=8192, l2_total_bytes_per_clk=8192,
+                                                            hbm_bytes_per_clk=4000)}
 
 
 @dataclass(frozen=True)
@@ -15,20 +52,306 @@ class DeviceSpec:
     arch: str = "sm_90a"
     num_sms: int = 132
 
+    def __post_init__(self):
+        # The arch is checked by `select` (which names the supported ones), not here.
+        if not isinstance(self.num_sms, int) or self.num_sms < 1:
+            raise ValueError(f"DeviceSpec.num_sms must be a positive int, got {self.num_sms!r}")
+
     @property
     def smem_capacity(self) -> int:
+        """Dynamic shared memory one CTA may request (bytes)."""
+        if self.arch not in SMEM_CAPACITY:
+            raise ValueError(f"unknown arch {self.arch!r}; known: {sorted(SMEM_CAPACITY)}")
         return SMEM_CAPACITY[self.arch]
+
+    @property
+    def rates(self) -> ArchRates:
+        return ARCH_RATES.get(self.arch, ArchRates())
 
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def max_stages(cfg: KernelConfig, capacity: int, cap: int = MAX_STAGES) -> int:
-    """Most pipeline stages (up to `cap`) for which `cfg` fits `capacity` bytes of shared memory."""
-    best = 0
-    for stages in range(2, cap + 1):
-        trial = KernelConfig(**{**cfg.to_dict(), "num_stages": stages})
-        if layout_of(trial).smem_bytes <= capacity:
-            best = stages
+def round_up(a: int, b: int) -> int:
+    return ceil_div(a, b) * b
+
+
+# ----------------------------------------------------------------------------- stages
+
+MAX_STAGES = 16             # pipeline depth cap (KernelConfig accepts 2..16)
+MIN_STAGES = 3              # fewer cannot hide TMA latency
+MIN_STAGES_SMALL_TILE = 4   # ... and small tiles run through stages faster
+SMALL_TILE_ELEMS = 128 * 192
+
+
+def _smem_bytes(cfg: KernelConfig) -> int:
+    return layout_of(cfg).smem_bytes
+
+
+def max_stages(cfg: KernelConfig, capacity: int, cap: int = MAX_STAGES,
+               smem_of: Callable[[KernelConfig], int] | None = None) -> int:
+    """Most pipeline stages (2..`cap`) for which `cfg` fits `capacity` bytes of shared memory, or
+    0 when not even 2 stages fit. `cfg.num_stages` is ignored.
+
+    `smem_of(cfg) -> bytes` is the arch's shared-memory formula (default: the sm_90a layout,
+    `layout_of(cfg).smem_bytes`). It must grow with `num_stages`; the answer is solved from the
+    per-stage slope and then checked, so it costs a handful of calls, not one per stage count.
+    `cap` must stay within the stage range KernelConfig accepts (2..16).
+    """
+    smem_of = smem_of or _smem_bytes
+
+    def smem(stages: int) -> int:
+        return smem_of(KernelConfig(**{**cfg.to_dict(), "num_stages": stages}))
+
+    base = smem(2)
+    if base > capacity:
+        return 0
+    if cap <= 2:
+        return 2
+    slope = max(1, smem(3) - base)
+    best = min(cap, 2 + (capacity - base) // slope)
+    while best > 2 and smem(best) > capacity:       # guard against a non-affine formula
+        best -= 1
+    while best < cap and smem(best + 1) <= capacity:
+        best += 1
     return best
+
+
+def stage_rule(block_m: int, block_n: int, stages: int) -> str | None:
+    """The pipeline-depth rule: why `stages` is too shallow for a block_m x block_n tile, or None.
+
+    At least 3 stages to hide TMA latency; at least 4 for tiles smaller than 128x192, whose
+    k-blocks go by faster (DeepGEMM's rule).
+    """
+    if stages < MIN_STAGES:
+        return f"only {stages} pipeline stage(s) fit shared memory (need >= {MIN_STAGES})"
+    if block_m * block_n < SMALL_TILE_ELEMS and stages < MIN_STAGES_SMALL_TILE:
+        return (f"only {stages} pipeline stages fit shared memory; tiles smaller than 128x192 "
+                f"need >= {MIN_STAGES_SMALL_TILE}")
+    return None
+
+
+# ----------------------------------------------------------------------------- waves
+
+
+@dataclass(frozen=True)
+class Waves:
+    """Wave quantisation of `tiles` equal work items over `slots` concurrent workers."""
+    tiles: int
+    slots: int
+    waves: int              # ceil(tiles / slots)
+    last_wave_tiles: int    # tiles in the last wave (== slots when it is full)
+
+    @property
+    def last_wave_util(self) -> float:
+        """Fraction of the workers busy in the last wave."""
+        return self.last_wave_tiles / self.slots
+
+    @property
+    def efficiency(self) -> float:
+        """tiles / (waves * slots): 1.0 when every wave is full."""
+        return self.tiles / (self.waves * self.slots)
+
+
+def waves_of(tiles: int, slots: int) -> Waves:
+    """Waves of a persistent kernel with `slots` workers (CTAs or clusters) over `tiles` items."""
+    slots = max(1, min(slots, tiles)) if tiles else max(1, slots)
+    waves = ceil_div(tiles, slots) if tiles else 0
+    last = tiles - (waves - 1) * slots if waves else 0
+    return Waves(tiles, slots, waves, last)
+
+
+# ----------------------------------------------------------------------------- raster
+
+RASTERS = ("m", "n")
+GROUP_SIZES = (8, 16)
+
+
+def tile_order(num_m: int, num_n: int, raster: str, group: int, pair: str = "none"):
+    """Yield, in launch order, the (m_block, n_block) pairs of each *cluster tile*.
+
+    Mirrors the persistent scheduler of the templates: with `pair` "A" the two CTAs of a cluster
+    take neighbouring n blocks of one m block (they share the A tile), with "B" neighbouring m
+    blocks of one n block; cluster tiles are walked in groups of `group` cluster-rows
+    (raster "m") or cluster-columns (raster "n"). A peer past the edge recomputes the last block,
+    so it is reported as that block (what it loads). Each item is a tuple of 1 or 2 (m, n).
+    """
+    grid_m = ceil_div(num_m, 2) if pair == "B" else num_m
+    grid_n = ceil_div(num_n, 2) if pair == "A" else num_n
+    total = grid_m * grid_n
+    for t in range(total):
+        if raster == "m":
+            per_group = group * grid_n
+            first = (t // per_group) * group
+            rows = min(group, grid_m - first)
+            cm = first + (t % per_group) % rows
+            cn = (t % per_group) // rows
+        else:
+            per_group = group * grid_m
+            first = (t // per_group) * group
+            cols = min(group, grid_n - first)
+            cn = first + (t % per_group) % cols
+            cm = (t % per_group) // cols
+        if pair == "A":
+            yield tuple((cm, min(2 * cn + r, num_n - 1)) for r in (0, 1))
+        elif pair == "B":
+            yield tuple((min(2 * cm + r, num_m - 1), cn) for r in (0, 1))
+        else:
+            yield ((cm, cn),)
+
+
+def raster_footprint(num_m: int, num_n: int, rows_per_m: int, cols_per_n: int, slots: int,
+                     raster: str, group: int, pair: str = "none", max_waves: int = 16) -> float:
+    """Mean L2 working set of one k-block, in operand rows+columns, over the waves of a walk.
+
+    A wave is `slots` consecutive cluster tiles (the ones the persistent CTAs hold at once). Its
+    working set is (distinct m blocks) * rows_per_m + (distinct n blocks) * cols_per_n; multiply by
+    the bytes of one K slice to get bytes. Only the first `max_waves` waves are walked.
+    """
+    slots = max(1, slots)
+    sizes = []
+    ms: set = set()
+    ns: set = set()
+    for t, item in enumerate(tile_order(num_m, num_n, raster, group, pair)):
+        for m, n in item:
+            ms.add(m)
+            ns.add(n)
+        if (t + 1) % slots == 0:
+            sizes.append(len(ms) * rows_per_m + len(ns) * cols_per_n)
+            ms, ns = set(), set()
+            if len(sizes) >= max_waves:
+                break
+    if ms and len(sizes) < max_waves:
+        sizes.append(len(ms) * rows_per_m + len(ns) * cols_per_n)
+    return sum(sizes) / len(sizes) if sizes else 0.0
+
+
+def choose_raster(num_m: int, num_n: int, rows_per_m: int, cols_per_n: int, slots: int,
+                  pair: str = "none") -> tuple[str, int, float]:
+    """(raster, group_size, footprint): the walk with the smallest L2 working set.
+
+    Groups of 8 or 16 along M or N are tried. Ties go to grouping along the multicast pair's
+    side (N for pair "A", else M, as DeepGEMM groups), then to the smaller group.
+    """
+    preferred = ("n", "m") if pair == "A" else ("m", "n")
+    best = None
+    for raster in preferred:
+        for group in GROUP_SIZES:
+            fp = raster_footprint(num_m, num_n, rows_per_m, cols_per_n, slots, raster, group, pair)
+            if best is None or fp < best[2]:
+                best = (raster, group, fp)
+    return best
+
+
+# ----------------------------------------------------------------------------- traffic
+
+
+def covered_extent(size: int, block: int, box: int) -> int:
+    """Elements of one dimension read by all blocks together, when block i (origin i*block)
+    loads `box` >= `block` elements clipped at `size` (TMA does not fetch out-of-bounds
+    elements). With box == block this is `size`; a wider box (MN-major pieces of 64) re-reads
+    part of the neighbouring block.
+    """
+    nblocks = ceil_div(size, block)
+    if box <= block:
+        return size
+    # Blocks whose whole box is inside: j * block + box <= size.
+    full = 0 if size < box else min(nblocks, (size - box) // block + 1)
+    total = full * box
+    for j in range(full, nblocks):
+        total += min(box, size - j * block)
+    return total
+
+
+# ----------------------------------------------------------------------------- ranking
+
+
+@dataclass
+class Candidate:
+    """A legal configuration with its modelled cost.
+
+    `cost` is the modelled time (clock cycles) and the primary key; `key` holds the rest of the
+    deterministic order (lower is better), ending in the config name so no two candidates tie.
+    `terms` are the cost-model quantities reported by `explain` (JSON-serialisable scalars).
+    """
+    config: KernelConfig
+    cost: float
+    key: tuple = ()
+    terms: dict = field(default_factory=dict)
+
+    def sort_key(self) -> tuple:
+        return (self.cost,) + tuple(self.key) + (self.config.name,)
+
+    def to_dict(self) -> dict:
+        out = {"config": self.config.to_dict(), "name": self.config.name, "cost": self.cost}
+        out.update(self.terms)
+        return out
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A candidate removed by a rule: a short description of it and the rule, in words."""
+    config: str
+    rule: str
+
+    def to_dict(self) -> dict:
+        return {"config": self.config, "rule": self.rule}
+
+
+def rank(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """Candidates best first, by `Candidate.sort_key` (total and deterministic)."""
+    return sorted(candidates, key=Candidate.sort_key)
+
+
+def best(candidates: Sequence[Candidate]) -> Candidate:
+    if not candidates:
+        raise ValueError("no legal kernel configuration")
+    return min(candidates, key=Candidate.sort_key)
+
+
+def describe_layout(block_m: int, block_n: int, cluster_size: int = 1, multicast: str = "none",
+                    **extra) -> str:
+    """Short text for a tile layout, e.g. 'm128n208 cluster2 multicast A'."""
+    text = f"m{block_m}n{block_n}"
+    if cluster_size > 1:
+        text += f" cluster{cluster_size} multicast {multicast}"
+    for k in sorted(extra):
+        text += f" {k}={extra[k]}"
+    return text
+
+
+def problem_dict(problem: Problem) -> dict:
+    out = asdict(problem)
+    out["layout"] = problem.layout
+    return out
+
+
+def device_dict(device: DeviceSpec) -> dict:
+    return {"arch": device.arch, "num_sms": device.num_sms, "smem_capacity": device.smem_capacity}
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def explanation(problem: Problem, device: DeviceSpec, chosen: KernelConfig,
+                ranked: Sequence[Candidate], rejected: Sequence[Rejection], top: int = 5,
+                **extra) -> dict:
+    """The JSON-serialisable answer of `explain`: problem, device, chosen config, the best `top`
+    candidates (ranked best first) with their cost terms, and the rejections with their rules."""
+    out = {
+        "problem": problem_dict(problem),
+        "device": device_dict(device),
+        "chosen": chosen.to_dict(),
+        "candidates": [c.to_dict() for c in list(ranked)[:max(0, top)]],
+        "rejected": [r.to_dict() for r in rejected],
+    }
+    out.update(extra)
+    return _jsonable(out)

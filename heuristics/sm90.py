@@ -1,23 +1,304 @@
-"""Kernel selection for Hopper (sm_90a)."""
+"""Kernel selection for Hopper (sm_90a), after DeepGEMM's sm90 rules.
+
+Candidates: block_m in {64, 128, 256} (256 only with a 16-bit output), block_n in 16..256 step
+16, block_k = 128 bytes of K, and a cluster of 1, or 2 CTAs sharing the A tile (same m block,
+neighbouring n blocks) or the B tile (same n block, neighbouring m blocks). The math warpgroup
+count follows block_m (1 for 64, 2 above) and the pipeline gets as many stages as fit shared
+memory (capped at MAX_STAGES). Rules remove illegal or hopeless layouts; a cost model ranks
+the rest; the L2 raster (groups of 8 or 16 block-rows or -columns) is chosen last, for the
+smallest working set.
+
+The cost model counts clock cycles of a persistent CTA, wave by wave (so wave quantisation and
+the last wave's utilisation are in it): per k-block the slowest of tensor-core time,
+shared-memory traffic (TMA writes and wgmma reads), L2->SM ingress, TMA latency over the pipeline depth, and the
+CTA's share of the chip-wide L2 bandwidth (which a multicast operand halves); plus the epilogue
+per tile (the template does not overlap it with the main loop); the whole never below the time
+to stream the operands from DRAM once.
+"""
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 from jitgemm.config import KernelConfig
-from jitgemm.problem import Problem
+from jitgemm.layout import WGMMA_M, layout_of, structural_problems
+from jitgemm.problem import DTYPE_BYTES, Problem
 
-from .common import DeviceSpec, ceil_div, max_stages
+from .common import (MAX_STAGES, Candidate, DeviceSpec, Rejection, ceil_div, choose_raster, covered_extent,
+                     describe_layout, explanation, max_stages, rank, round_up, stage_rule, waves_of)
+
+ARCH = "sm_90a"
+
+# Register split of the template (setmaxnreg in templates/sm90_gemm.cu.j2).
+PRODUCER_REGS = 40
+CONSUMER_REGS = 232
+REGISTER_FILE = 65536          # 32-bit registers per SM
+ACC_REG_LIMIT = 128            # fp32 accumulators per math thread that still leave room (no spills)
+THREADS_PER_WARPGROUP = 128
+
+BLOCK_MS = (64, 128, 256)
+BLOCK_NS = tuple(range(16, 257, 16))
+CLUSTERS = ((1, "none"), (2, "A"), (2, "B"))
+MN_PIECE = 64                  # MN-major operands are loaded in 64-element (128-byte) pieces
+
+# Fixed per-tile costs of the epilogue, clock cycles.
+EPILOGUE_FIXED_CLK = 400       # drain the last wgmma, barriers, issue the TMA stores
+C_LOAD_LATENCY_CLK = 1000      # has_c: the C tile is loaded after the main loop and waited for
 
 
-def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
-    if problem.m <= 64:
-        block_m, consumers = 64, 1
-    else:
-        block_m, consumers = 128, 2
-    if problem.out_dtype == "fp32" or ceil_div(problem.m, block_m) * ceil_div(problem.n, 256) < device.num_sms:
-        block_n = 128
-    else:
-        block_n = 256
-    base = KernelConfig(arch=device.arch, dtype=problem.dtype, out_dtype=problem.out_dtype,
+def num_consumers_for(block_m: int) -> int:
+    """Math warpgroups: one for block_m <= 64, two above (each owns block_m / 2 rows)."""
+    return 1 if block_m <= 64 else 2
+
+
+def acc_regs(block_m: int, block_n: int, num_consumers: int) -> int:
+    """fp32 accumulator registers per math thread: (rows per warpgroup / 64) * block_n / 2."""
+    return (block_m // num_consumers // WGMMA_M) * (block_n // 2)
+
+
+def register_budget(num_consumers: int) -> int:
+    """Registers the CTA holds after setmaxnreg: producer warpgroup + math warpgroups."""
+    return THREADS_PER_WARPGROUP * (PRODUCER_REGS + num_consumers * CONSUMER_REGS)
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+def _register_problems(cfg: KernelConfig) -> list[str]:
+    out = []
+    regs = acc_regs(cfg.block_m, cfg.block_n, cfg.num_consumers) if cfg.block_m % (WGMMA_M * cfg.num_consumers) == 0 else 0
+    if regs > ACC_REG_LIMIT:
+        out.append(f"{regs} fp32 accumulator registers per math thread (block_m={cfg.block_m} over "
+                   f"{cfg.num_consumers} warpgroup(s) x block_n={cfg.block_n}) exceed {ACC_REG_LIMIT} "
+                   f"of the {CONSUMER_REGS} a math thread gets: it would spill")
+    budget = register_budget(cfg.num_consumers)
+    if budget > REGISTER_FILE:
+        out.append(f"the register split needs {budget} registers, more than the {REGISTER_FILE} of an SM")
+    return out
+
+
+def check_config(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
+    """Why `cfg` cannot run `problem` on `device` (sm_90a), in words; empty when it can."""
+    out = []
+    if cfg.arch != device.arch:
+        out.append(f"arch is {cfg.arch!r} but the device is {device.arch!r}")
+    for name in ("dtype", "out_dtype", "a_major", "b_major", "has_c"):
+        want, got = getattr(problem, name), getattr(cfg, name)
+        if want != got:
+            out.append(f"{name} is {got!r} but the problem has {want!r}")
+    if cfg.swap_ab:
+        out.append("swap_ab is an sm_100a option; the sm_90a kernel does not swap A and B")
+    structural = structural_problems(cfg)
+    out.extend(structural)
+    out.extend(_register_problems(cfg))
+    if not structural:
+        lay = layout_of(cfg)
+        if lay.smem_bytes > device.smem_capacity:
+            out.append(f"needs {lay.smem_bytes} bytes of shared memory ({cfg.num_stages} stages x "
+                       f"{lay.stage_bytes} + {lay.out_bytes} output staging + barriers), more than "
+                       f"the {device.smem_capacity} of {device.arch}")
+    return out
+
+
+def _layout_rejection(problem: Problem, device: DeviceSpec, block_m: int, block_n: int,
+                      cluster: int, multicast: str) -> str | None:
+    """The first rule (in DeepGEMM's spirit) that removes a tile layout before costing, or None."""
+    if block_m == 256 and problem.out_dtype == "fp32":
+        return "block_m 256 only with a 16-bit output (an fp32 output tile leaves too little shared memory)"
+    consumers = num_consumers_for(block_m)
+    regs = acc_regs(block_m, block_n, consumers)
+    if regs > ACC_REG_LIMIT:
+        return (f"register budget: {regs} accumulator registers per math thread > {ACC_REG_LIMIT} "
+                f"(at least one of block_m, block_n must be <= 128)")
+    if cluster > 1:
+        if device.num_sms % cluster:
+            return f"no multicast: the SM count {device.num_sms} is odd"
+        num_tiles = ceil_div(problem.m, block_m) * ceil_div(problem.n, block_n)
+        if num_tiles <= device.num_sms:
+            return f"no multicast: the problem is a single wave ({num_tiles} tiles <= {device.num_sms} SMs)"
+        side = ceil_div(problem.n, block_n) if multicast == "A" else ceil_div(problem.m, block_m)
+        if side < 2:
+            return (f"no multicast {multicast}: only one {'n' if multicast == 'A' else 'm'} block, "
+                    f"nothing to share")
+    return None
+
+
+# ----------------------------------------------------------------------------- cost model
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Operand traffic of a whole problem for one config, in elements of K-slices (x K x elem = bytes)."""
+    cta_tiles: int        # tiles computed, including a pair's recomputed peer past the edge
+    cluster_tiles: int
+    l2_reads: int         # rows of A + columns of B read out of L2 (a multicast operand once per pair)
+    ingress: int          # rows + columns landing in shared memory, all CTAs together
+
+
+def traffic(problem: Problem, block_m: int, block_n: int, b_box: int, multicast: str) -> Traffic:
+    m, n = problem.m, problem.n
+    num_m, num_n = ceil_div(m, block_m), ceil_div(n, block_n)
+    a_cov = m                                   # block_m is a multiple of 64: boxes never overhang
+    b_cov = covered_extent(n, block_n, b_box)
+    last_b = min(b_box, n - (num_n - 1) * block_n)
+    last_a = m - (num_m - 1) * block_m
+    if multicast == "A":
+        grid_n = ceil_div(num_n, 2)
+        b_all = num_m * (b_cov + (last_b if num_n % 2 else 0))
+        return Traffic(num_m * 2 * grid_n, num_m * grid_n, grid_n * a_cov + b_all, 2 * grid_n * a_cov + b_all)
+    if multicast == "B":
+        grid_m = ceil_div(num_m, 2)
+        a_all = num_n * (a_cov + (last_a if num_m % 2 else 0))
+        return Traffic(2 * grid_m * num_n, grid_m * num_n, a_all + grid_m * b_cov, a_all + 2 * grid_m * b_cov)
+    tiles = num_m * num_n
+    return Traffic(tiles, tiles, num_n * a_cov + num_m * b_cov, num_n * a_cov + num_m * b_cov)
+
+
+def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidate:
+    """Model the run time of `cfg` on `problem` (clock cycles) and keep the terms for `explain`."""
+    r = device.rates
+    lay = layout_of(cfg)
+    elem = DTYPE_BYTES[problem.dtype]
+    out_elem = DTYPE_BYTES[problem.out_dtype]
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    b_box = round_up(bn, MN_PIECE) if cfg.b_major == "N" else bn
+    tr = traffic(problem, bm, bn, b_box, cfg.multicast)
+    k_blocks = ceil_div(problem.k, bk)
+    slice_bytes = bk * elem                                 # one row/column of a k-block
+
+    # Per k-block of one CTA.
+    t_mma = 2 * bm * bn * bk / r.mma_flops_per_clk
+    # Shared memory, as DeepGEMM counts it: TMA writes of the stage (MN-major pieces padded to
+    # 64) plus one wgmma read of each operand tile.
+    t_smem = (bm + b_box + bm + bn) * slice_bytes / r.smem_bytes_per_clk
+    ingress = tr.ingress * slice_bytes / tr.cta_tiles       # bytes landing per CTA per k-block
+    l2_read = tr.l2_reads * slice_bytes / tr.cta_tiles      # bytes read from L2 per CTA per k-block
+    t_ingress = ingress / r.l2_sm_bytes_per_clk
+    t_latency = r.load_latency_clk / max(1, cfg.num_stages - 1)
+    per_cta = {"mma": t_mma, "smem": t_smem, "l2_ingress": t_ingress, "latency": t_latency}
+
+    out_tile = bm * bn * out_elem
+    epilogue = out_tile / r.smem_bytes_per_clk + EPILOGUE_FIXED_CLK
+    if problem.has_c:
+        epilogue += C_LOAD_LATENCY_CLK + out_tile / r.l2_sm_bytes_per_clk
+
+    w = waves_of(tr.cluster_tiles, device.num_sms // cfg.cluster_size)
+    slots_ctas = w.slots * cfg.cluster_size
+
+    def wave_time(active_ctas: int) -> tuple[float, str]:
+        terms = dict(per_cta)
+        terms["l2"] = active_ctas * l2_read / r.l2_total_bytes_per_clk
+        bound = max(terms, key=lambda k: (terms[k], k))
+        return k_blocks * terms[bound] + epilogue, bound
+
+    full_time, bound = wave_time(slots_ctas)
+    last_time, _ = wave_time(w.last_wave_tiles * cfg.cluster_size)
+    sm_time = (w.waves - 1) * full_time + last_time
+    dram = (problem.m + problem.n) * problem.k * elem + problem.m * problem.n * out_elem * (2 if problem.has_c else 1)
+    hbm_time = dram / r.hbm_bytes_per_clk
+    cost = max(sm_time, hbm_time)
+    if hbm_time >= sm_time:
+        bound = "hbm"
+    terms = {
+        "waves": w.waves,
+        "last_wave_util": round(w.last_wave_util, 4),
+        "tiles": tr.cta_tiles,
+        "bound": bound,
+        "sm_cycles": round(sm_time, 1),
+        "hbm_cycles": round(hbm_time, 1),
+        "l2_bytes": tr.l2_reads * problem.k * elem,
+        "smem_bytes": lay.smem_bytes,
+        "num_stages": cfg.num_stages,
+        "acc_regs": lay.acc_regs,
+    }
+    # Ties (every candidate at the DRAM floor, or several tensor-core bound) go to the faster
+    # SM-side time, then to less L2 traffic (robust if the L2 rates are off), then to no cluster,
+    # the smaller tile (less padding), block_m, block_n, the multicast side.
+    key = (round(sm_time, 6), tr.l2_reads, cfg.cluster_size, bm * bn, bm, bn, cfg.multicast)
+    return Candidate(cfg, round(cost, 6), key, terms)
+
+
+# ----------------------------------------------------------------------------- search
+
+
+def _base_config(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, cluster: int,
+                 multicast: str) -> KernelConfig:
+    return KernelConfig(arch=device.arch, dtype=problem.dtype, out_dtype=problem.out_dtype,
                         a_major=problem.a_major, b_major=problem.b_major, block_m=block_m,
-                        block_n=block_n, num_stages=2, num_consumers=consumers, has_c=problem.has_c)
-    stages = max_stages(base, device.smem_capacity)
-    return KernelConfig(**{**base.to_dict(), "num_stages": stages})
+                        block_n=block_n, block_k=128 // DTYPE_BYTES[problem.dtype], num_stages=2,
+                        num_consumers=num_consumers_for(block_m), cluster_size=cluster,
+                        multicast=multicast, has_c=problem.has_c)
+
+
+def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int]:
+    """(`cfg` with as many pipeline stages as fit shared memory (capped; at least 2), the count
+    that fits (0 when not even 2 do))."""
+    stages = max_stages(cfg, device.smem_capacity, MAX_STAGES)
+    return KernelConfig(**{**cfg.to_dict(), "num_stages": max(2, stages)}), stages
+
+
+def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
+    """`cfg` with the L2 raster (side and group size) of the smallest working set."""
+    b_box = round_up(cfg.block_n, MN_PIECE) if cfg.b_major == "N" else cfg.block_n
+    raster, group, _ = choose_raster(ceil_div(problem.m, cfg.block_m), ceil_div(problem.n, cfg.block_n),
+                                     cfg.block_m, b_box, device.num_sms // cfg.cluster_size, cfg.multicast)
+    return KernelConfig(**{**cfg.to_dict(), "raster": raster, "group_size": group})
+
+
+def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], list[Rejection]]:
+    """All legal candidates (costed, unranked, raster not yet chosen) and the rejected layouts."""
+    legal, rejected = [], []
+    for cluster, multicast in CLUSTERS:
+        for block_m in BLOCK_MS:
+            for block_n in BLOCK_NS:
+                desc = describe_layout(block_m, block_n, cluster, multicast)
+                rule = _layout_rejection(problem, device, block_m, block_n, cluster, multicast)
+                if rule is None:
+                    base = _base_config(problem, device, block_m, block_n, cluster, multicast)
+                    structural = structural_problems(base)
+                    if structural:
+                        rule = "; ".join(structural)
+                if rule is None:
+                    cfg, stages = with_stages(base, device)
+                    rule = stage_rule(block_m, block_n, stages)
+                if rule is not None:
+                    rejected.append(Rejection(desc, rule))
+                    continue
+                legal.append(cost_of(problem, device, cfg))
+    return legal, rejected
+
+
+def _check_arch(device: DeviceSpec):
+    if device.arch != ARCH:
+        raise ValueError(f"heuristics.sm90 selects for {ARCH}, not {device.arch!r}")
+
+
+@functools.lru_cache(maxsize=4096)
+def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
+    """The configuration the cost model ranks first (deterministic; cached per problem)."""
+    _check_arch(device)
+    legal, _ = candidates(problem, device)
+    if not legal:
+        raise ValueError(f"no legal sm_90a configuration for {problem.describe()}")
+    return with_raster(rank(legal)[0].config, problem, device)
+
+
+def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
+    """Why `select` chose what it chose: the best `top` candidates with their modelled cost and
+    the layouts the rules removed (see common.explanation for the keys)."""
+    _check_arch(device)
+    legal, rejected = candidates(problem, device)
+    if not legal:
+        raise ValueError(f"no legal sm_90a configuration for {problem.describe()}")
+    ranked = rank(legal)
+    shown = []
+    for c in ranked[:max(1, top)]:
+        cfg = with_raster(c.config, problem, device)
+        shown.append(Candidate(cfg, c.cost, c.key, c.terms))
+    chosen = shown[0].config
+    model = ("cycles of a persistent CTA, wave by wave: per k-block the max of tensor-core, "
+             "shared-memory traffic (TMA writes + wgmma reads), L2->SM ingress, latency/(stages-1) and the CTA's "
+             "share of chip L2 bandwidth; plus the epilogue per tile; never below streaming the "
+             "operands from DRAM once")
+    return explanation(problem, device, chosen, shown, rejected, top, legal_candidates=len(legal),
+                       cost_model=model)

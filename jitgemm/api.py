@@ -1,15 +1,30 @@
 """The public entry point: jitgemm.gemm."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
+import numbers
+import threading
+import warnings
 
-from . import kernels, runtime
+import numpy as np
+from cuda.bindings import driver
+
+from . import heuristics, kernels, launch, runtime
 from .config import KernelConfig
-from .heuristics import DeviceSpec, select
-from .operands import DTYPE_NAMES, TMA_ALIGN, View, as_view
-from .problem import DTYPE_BYTES, Problem
+from .heuristics import DeviceSpec
+from .operands import (GENERIC, HOST, LEGACY_STREAM, NUMPY_NAMES, TMA_ALIGN, UNRESOLVED, View, describe,
+                       lib_of, needs_consumer_stream, overlaps, resolve_device, stream_wait)
+from .problem import Problem
 
 SUPPORTED_ARCHS = ("sm_90a",)
+PLAN_CACHE_SIZE = 1024
+
+
+class FallbackCopyWarning(UserWarning):
+    """An argument's layout cannot be read or written by TMA in place, so jitgemm copies it
+    (issued once per argument name and process)."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -22,133 +37,593 @@ def device_spec(ordinal: int) -> DeviceSpec:
     return DeviceSpec(arch=info.arch, num_sms=info.num_sms)
 
 
-def _out_dtype_name(out_dtype, default: str) -> str:
+# --------------------------------------------------------------------------------------------
+# arguments that are not arrays
+# --------------------------------------------------------------------------------------------
+_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
+                  "bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+
+
+def _out_dtype_name(out_dtype, input_dtype: str) -> str:
     if out_dtype is None:
-        return default
-    name = out_dtype if isinstance(out_dtype, str) else getattr(out_dtype, "name", str(out_dtype))
-    name = name.removeprefix("torch.")
-    name = DTYPE_NAMES.get(name, name)
-    if name not in ("bf16", "fp16", "fp32"):
-        raise TypeError(f"out_dtype: expected None, float32 or the input dtype, got {out_dtype!r}")
+        return input_dtype
+    if isinstance(out_dtype, str):
+        name = out_dtype
+    else:
+        try:
+            name = np.dtype(out_dtype).name      # NumPy / CuPy / ml_dtypes dtypes and types
+        except TypeError:
+            name = str(out_dtype)                # torch.float32, ...
+    name = _DTYPE_ALIASES.get(name.removeprefix("torch."))
+    if name not in (input_dtype, "fp32"):
+        raise TypeError(f"out_dtype: expected None, the input dtype ({NUMPY_NAMES[input_dtype]}) or "
+                        f"float32, got {out_dtype!r}")
     return name
 
 
-def _stream_handle(stream, view: View) -> int:
-    if stream is None:
-        return view.lib.current_stream(view.device)
-    for attr in ("ptr", "cuda_stream"):       # cupy.cuda.Stream, torch.cuda.Stream
-        if hasattr(stream, attr):
-            return int(getattr(stream, attr))
-    if isinstance(stream, int) and stream >= 0:
+def _stream_handle(stream) -> int:
+    """The raw CUstream of a stream object or handle."""
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if protocol is not None:                        # cuda.core and other protocol streams
+        return int(protocol()[1])
+    for attr in ("cuda_stream", "ptr"):             # torch.cuda.Stream, cupy.cuda.Stream
+        value = getattr(stream, attr, None)
+        if isinstance(value, int):
+            return value
+    if isinstance(stream, driver.CUstream):
+        return int(stream)
+    if isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0:
         return stream
-    raise TypeError(f"stream: expected None, a CuPy or PyTorch stream, or a raw handle (int), got {stream!r}")
+    raise TypeError(f"stream: expected None, a CuPy / PyTorch / cuda.core stream, an object with "
+                    f"__cuda_stream__, or a raw CUstream handle (int >= 0), got {stream!r}")
 
 
-def _aligned_copy(view: View, major: int, argname: str) -> View:
-    """A copy of `view` whose layout TMA accepts: unit stride along `major`, rows zero-padded
-    to whole 16-byte units (the padding is read by TMA and must not add to the sum)."""
-    lib = view.lib
-    rows, cols = view.shape
-    pad = TMA_ALIGN // view.itemsize
-    if major == 1:
-        buf = lib.zeros((rows, -(-cols // pad) * pad), view.dtype, view.device)
-        dst = lib.slice2d(buf, rows, cols)
-    else:
-        buf = lib.zeros((cols, -(-rows // pad) * pad), view.dtype, view.device)
-        dst = lib.transpose(lib.slice2d(buf, cols, rows))
-    lib.copy_(dst, view.array)
-    return lib.view(dst, argname)
+def _scalar(value, argname: str) -> float:
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    raise TypeError(f"{argname}: expected a real number (int or float), got {type(value).__name__} {value!r}")
 
 
-def _tma_operand(view: View, argname: str) -> tuple:
-    """(view, major) ready for TMA: the caller's memory when it qualifies, else an aligned copy."""
+# --------------------------------------------------------------------------------------------
+# CUDA context and stream helpers
+# --------------------------------------------------------------------------------------------
+_primary: dict = {}
+
+
+def _primary_context(ordinal: int) -> tuple:
+    """(handle as int, CUcontext) of the device's primary context, retained once per process."""
+    found = _primary.get(ordinal)
+    if found is None:
+        runtime.init_driver()
+        dev = runtime.check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
+        ctx = runtime.check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        found = _primary[ordinal] = (int(ctx), ctx)
+    return found
+
+
+@contextlib.contextmanager
+def _on_device(ordinal: int):
+    """Make the device's primary context current for the block, restoring the caller's."""
+    handle, ctx = _primary_context(ordinal)
+    current = driver.cuCtxGetCurrent()[1]
+    if current is not None and int(current) == handle:
+        yield
+        return
+    runtime.check(driver.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+    try:
+        yield
+    finally:
+        driver.cuCtxPopCurrent()
+
+
+def _current_device() -> int:
+    """The ordinal of the current context's device (0 when no context is current)."""
+    runtime.init_driver()
+    ctx = runtime.check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if ctx is None or int(ctx) == 0:
+        return 0
+    return int(runtime.check(driver.cuCtxGetDevice(), "cuCtxGetDevice"))
+
+
+# --------------------------------------------------------------------------------------------
+# layouts TMA can use, and the fallback copies
+# --------------------------------------------------------------------------------------------
+_warned: set = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_copy(argname: str, what: str) -> None:
+    with _warned_lock:
+        if argname in _warned:
+            return
+        _warned.add(argname)
+    warnings.warn(
+        f"jitgemm.gemm: {argname} {what}: TMA needs a unit-stride dimension, a 16-byte aligned base "
+        f"address and leading stride, and rows of whole 16-byte units; this copy is made on every "
+        f"call with such a layout (warned once per argument)", FallbackCopyWarning, stacklevel=5)
+
+
+def _operand_major(view: View) -> tuple:
+    """(major the kernel reads, whether a copy is needed) for input `view`."""
     major = view.major()
     if major is None:
-        return _aligned_copy(view, 1, argname), 1
-    if not view.tma_ready(major):
-        return _aligned_copy(view, major, argname), major
-    return view, major
+        return 1, True
+    return major, not view.tma_ready(major)
 
 
-def gemm(a, b, out=None, *, out_dtype=None, stream=None, config: KernelConfig | None = None):
-    """Compute ``a @ b`` on the GPU with a JIT-compiled kernel.
+def _output_ready(view: View) -> bool:
+    return (view.strides[1] == 1 or view.shape[1] == 1) and view.tma_ready(1)
 
-    a:         (M, K) CuPy array or PyTorch CUDA tensor, bfloat16 or float16. Row-major or a
-               transposed view of a row-major array (``x.T``); both are read without a copy.
-    b:         (K, N), same dtype and device as `a`; row-major or a transposed view.
-    out:       optional (M, N) array of the same library and device to write into; it must not
-               overlap `a` or `b`.
-    out_dtype: None (same as the inputs) or float32. Accumulation is always in float32.
-    stream:    None (the library's current stream), a CuPy/PyTorch stream, or a raw handle.
-    config:    an expert override of the kernel configuration (see `jitgemm explain`).
-    Returns `out`, or a new array of `a`'s library on `a`'s device.
+
+def _aligned(lib, rows: int, cols: int, major: int, dtype: str, dev: int, stream: int, argname: str,
+             zero: bool) -> View:
+    """A fresh (rows, cols) buffer TMA can use with `major` innermost, rows padded to 16 bytes."""
+    pad = TMA_ALIGN // (4 if dtype == "fp32" else 2)
+    alloc = lib.zeros if zero else lib.empty
+    if major == 1:
+        return lib.window(alloc((rows, -(-cols // pad) * pad), dtype, dev, stream), rows, cols, False, argname)
+    return lib.window(alloc((cols, -(-rows // pad) * pad), dtype, dev, stream), cols, rows, True, argname)
+
+
+def _copy_in(view: View, major: int, argname: str, dev: int, stream: int) -> View:
+    """A zero-padded copy of `view` in its own library, `major` innermost."""
+    rows, cols = view.shape
+    dst = _aligned(view.lib, rows, cols, major, view.dtype, dev, stream, argname, zero=True)
+    view.lib.copy_(dst, view, stream)
+    return dst
+
+
+# --------------------------------------------------------------------------------------------
+# kernel selection and launch
+# --------------------------------------------------------------------------------------------
+def _config_for(problem: Problem, spec: DeviceSpec, config: KernelConfig | None) -> KernelConfig:
+    if config is not None:
+        return heuristics.require_valid(config, problem, spec, "config")
+    from_env = heuristics.config_from_env(problem, spec)
+    return from_env if from_env is not None else heuristics.select(problem, spec)
+
+
+def _kernel(cfg: KernelConfig, problem: Problem, dev: int, stream: int):
+    if not kernels.is_loaded(cfg, dev) and launch.stream_is_capturing(stream):
+        raise launch.CaptureError(
+            f"jitgemm.gemm: the stream is capturing a CUDA graph, but kernel {cfg.name} for "
+            f"{problem.describe()} is not loaded on device {dev}, and loading or compiling it cannot "
+            f"be captured. Warm up first: run the same gemm once before the capture (or precompile "
+            f"it with `jitgemm precompile` and run it once)")
+    return kernels.get(cfg, dev, problem=problem)
+
+
+class _Launch:
+    """One kernel launch with its arguments packed once: TMA descriptors, (M, N, K), (alpha, beta).
+    Split-K kernels go through `launch.launch_gemm` on every call instead, because their
+    workspace can be reallocated between calls."""
+    __slots__ = ("kern", "maps", "ints", "floats", "params", "address", "config", "function",
+                 "alpha", "beta")
+
+    def __init__(self, kern: "_Kernel", maps: list, alpha: float, beta: float):
+        p = kern.problem
+        self.kern, self.maps, self.alpha, self.beta = kern, maps, alpha, beta
+        self.ints = (ctypes.c_int * 3)(p.m, p.n, p.k)
+        self.floats = (ctypes.c_float * 2)(alpha, beta)
+        ints, floats = ctypes.addressof(self.ints), ctypes.addressof(self.floats)
+        pointers = [int(t.getPtr()) for t in maps] + [ints, ints + 4, ints + 8, floats, floats + 4]
+        self.params = (ctypes.c_void_p * len(pointers))(*pointers)
+        self.address = ctypes.addressof(self.params)
+        self.config = None if kern.cfg.split_k > 1 else runtime.launch_config(kern.kernel, kern.grid, kern.stream)
+        self.function = kern.kernel.function
+
+    def __call__(self):
+        kern = self.kern
+        current = driver.cuCtxGetCurrent()[1]
+        if current is not None and int(current) == kern.context[0]:
+            self._launch()
+            return
+        runtime.check(driver.cuCtxPushCurrent(kern.context[1]), "cuCtxPushCurrent")
+        try:
+            self._launch()
+        finally:
+            driver.cuCtxPopCurrent()
+
+    def _launch(self):
+        kern = self.kern
+        if kern.cfg.split_k > 1:
+            p = kern.problem
+            launch.launch_gemm(kern.kernel, kern.lay, kern.num_sms, kern.dev, kern.stream, self.maps,
+                               p.m, p.n, p.k, self.alpha, self.beta)
+            return
+        err = driver.cuLaunchKernelEx(self.config, self.function, self.address, 0)[0]
+        if err != driver.CUresult.CUDA_SUCCESS:
+            runtime.check((err,), f"cuLaunchKernelEx({kern.kernel.name}, grid={kern.grid})")
+
+
+class _Kernel:
+    """A selected, loaded kernel for one problem on one device and stream: builds launches."""
+
+    def __init__(self, problem: Problem, cfg: KernelConfig, dev: int, stream: int):
+        spec = device_spec(dev)
+        self.problem, self.cfg = problem, cfg
+        self.kernel, self.lay = _kernel(cfg, problem, dev, stream)
+        self.num_sms = spec.num_sms
+        units = launch.cluster_tiles(cfg, problem.m, problem.n)
+        self.grid = min(units, spec.num_sms // cfg.cluster_size) * cfg.cluster_size
+        self.dev, self.stream = dev, stream
+        self.context = _primary_context(dev)
+
+    def operand_maps(self, va: View, vb: View, vc: View | None) -> list:
+        p, lay = self.problem, self.lay
+        m, n, k, dt = p.m, p.n, p.k, p.dtype
+        if p.a_major == "K":
+            map_a = runtime.tensor_map_2d(dt, va.ptr, k, m, va.leading_stride_bytes(1), lay.a.box, lay.a.swizzle)
+        else:
+            map_a = runtime.tensor_map_2d(dt, va.ptr, m, k, va.leading_stride_bytes(0), lay.a.box, lay.a.swizzle)
+        if p.b_major == "N":
+            map_b = runtime.tensor_map_2d(dt, vb.ptr, n, k, vb.leading_stride_bytes(1), lay.b.box, lay.b.swizzle)
+        else:
+            map_b = runtime.tensor_map_2d(dt, vb.ptr, k, n, vb.leading_stride_bytes(0), lay.b.box, lay.b.swizzle)
+        maps = [map_a, map_b]
+        if vc is not None:
+            maps.append(self.output_map(vc.ptr, vc.leading_stride_bytes(1)))
+        return maps
+
+    def output_map(self, ptr: int, stride_bytes: int):
+        p, lay = self.problem, self.lay
+        return runtime.tensor_map_2d(p.out_dtype, ptr, p.n, p.m, stride_bytes, lay.out_box, lay.out_swizzle)
+
+    def launch(self, operand_maps: list, vd_ptr: int, vd_stride: int, alpha: float, beta: float) -> _Launch:
+        # kernel parameters: map_a, map_b, map_d[, map_c], M, N, K, alpha, beta
+        maps = operand_maps[:2] + [self.output_map(vd_ptr, vd_stride)] + operand_maps[2:]
+        return _Launch(self, maps, alpha, beta)
+
+
+# --------------------------------------------------------------------------------------------
+# the call-plan cache of the CuPy / torch fast path
+# --------------------------------------------------------------------------------------------
+class _Plan:
+    """Everything a repeated call with the same arrays (pointers, shapes, strides, dtypes,
+    device), scalars and stream needs: the launch, or, when gemm allocates the result, one
+    launch per result address the allocator hands out."""
+    __slots__ = ("lib", "kernel", "operand_maps", "alpha", "beta", "dev", "shape", "odt", "fixed",
+                 "by_out")
+
+    def __init__(self, lib, kernel: _Kernel, operand_maps: list, alpha: float, beta: float,
+                 fixed: _Launch | None):
+        self.lib, self.kernel, self.operand_maps = lib, kernel, operand_maps
+        self.alpha, self.beta = alpha, beta
+        self.dev = kernel.dev
+        self.shape = (kernel.problem.m, kernel.problem.n)
+        self.odt = kernel.problem.out_dtype
+        self.fixed = fixed         # the launch when the caller passes out
+        self.by_out: dict = {}
+
+    def run(self, out, explicit_stream: bool):
+        if out is not None:
+            self.fixed()
+            return out
+        lib, stream = self.lib, self.kernel.stream
+        if explicit_stream and lib.current_stream(self.dev) != stream:
+            with lib.stream_scope(stream, self.dev):
+                out = lib.empty(self.shape, self.odt, self.dev, stream)
+        else:
+            out = lib.empty(self.shape, self.odt, self.dev, stream)
+        ptr = lib.data_ptr(out)
+        call = self.by_out.get(ptr)
+        if call is None:
+            if ptr % TMA_ALIGN:
+                return None      # an unusual allocation: let the general path handle it
+            if len(self.by_out) >= 16:
+                self.by_out.clear()
+            call = self.by_out[ptr] = self.kernel.launch(
+                self.operand_maps, ptr, self.shape[1] * (4 if self.odt == "fp32" else 2), self.alpha, self.beta)
+        call()
+        return out
+
+
+_plans: dict = {}
+
+
+def gemm(a, b, out=None, *, c=None, alpha=1.0, beta=1.0, out_dtype=None, stream=None,
+         config: KernelConfig | None = None):
+    """Compute ``alpha * (a @ b) + beta * c`` (or ``alpha * (a @ b)`` without `c`) on the GPU
+    with a JIT-compiled Hopper kernel; scaling and the addition of `c` happen in the kernel's
+    epilogue. Accumulation is in float32.
+
+    Parameters
+    ----------
+    a : array, shape (M, K), bfloat16 or float16
+        A CuPy array, a PyTorch CUDA tensor, any object with ``__cuda_array_interface__``
+        (version 3; its ``stream`` is waited for) or ``__dlpack__`` (JAX, Numba, ...), or a NumPy
+        host array (then every array argument must be NumPy: they are copied to the current
+        GPU, computed there, and the result is NumPy; the call waits for the GPU). Any positive
+        strides: row-major arrays and transposed views (``x.T``) are read in place when TMA
+        allows it (16-byte aligned base address and leading stride, unit inner stride, rows of
+        whole 16-byte units); other layouts are copied into an aligned buffer, with a one-time
+        :class:`FallbackCopyWarning` naming the argument. Zero (broadcast) and negative strides
+        raise ValueError.
+    b : array, shape (K, N)
+        Same dtype, kind (device or host) and device as `a`; same layout rules.
+    out : array, shape (M, N), optional
+        Written in place and returned. Its dtype is the input dtype or float32 (and must equal
+        `out_dtype` when that is given). It may be `c` itself (in-place accumulation,
+        ``out=c``) but must not overlap `a` or `b`, nor overlap `c` other than being exactly
+        `c`. A layout TMA cannot store to (not row-major, misaligned, or rows not whole 16-byte
+        units) is written through an aligned buffer and copied in, with a one-time
+        :class:`FallbackCopyWarning`.
+    c : array, shape (M, N), optional (keyword-only)
+        The addend, in the output dtype, on the same device as `a`. It is read by the kernel
+        (row-major, TMA-aligned; other layouts are copied first, with a one-time warning).
+        With ``beta == 0`` it is not read (BLAS convention: NaNs in `c` do not propagate).
+    alpha : real number, default 1.0 (keyword-only)
+        Scales ``a @ b``; passed to the kernel as float32.
+    beta : real number, default 1.0 (keyword-only)
+        Scales `c`; ignored without `c`. Passed to the kernel as float32.
+    out_dtype : None, float32 or the input dtype (keyword-only)
+        The result dtype when `out` is not given (None: the input dtype). Accepts NumPy /
+        CuPy / torch dtypes or their names ("float32", "bfloat16", "float16").
+    stream : None, a stream object, or a raw CUstream handle (int) (keyword-only)
+        Where the work is queued. None: the current stream of `a`'s library (CuPy's or
+        torch's current stream on `a`'s device); for a ``__cuda_array_interface__`` object, the
+        stream it names; for DLPack objects and NumPy arrays, the legacy default stream.
+        Accepts ``torch.cuda.Stream``, ``cupy.cuda.Stream``, ``cuda.core`` streams and anything
+        with ``__cuda_stream__``. Arrays jitgemm allocates (the result, fallback copies) are
+        allocated and filled on this stream. No device-wide synchronisation is done (NumPy
+        inputs wait for this stream only).
+    config : KernelConfig, optional (keyword-only)
+        An expert override of the kernel configuration (see ``jitgemm explain``); it is checked
+        against the problem and device and rejected with ValueError when it does not fit.
+        Without it, the ``JITGEMM_CONFIG`` environment variable, then the heuristics, decide.
+
+    Returns
+    -------
+    `out` when given; otherwise a new (M, N) array of `a`'s library on `a`'s device: a CuPy
+    array, a torch tensor, a NumPy array, an array of `a`'s ``__array_namespace__()`` (JAX,
+    ...) made with its ``from_dlpack``, or else a :class:`jitgemm.operands.DeviceArray`
+    (``__cuda_array_interface__`` and ``__dlpack__``). Zero-size M or N returns an empty
+    result without a launch; K = 0 returns zeros, or ``beta * c``, without a GEMM launch.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For any bad argument, naming it, what it got and what was expected, before any work
+        is queued on the GPU: wrong ndim, mismatched inner dimensions, unsupported or mixed
+        dtypes, arrays on different devices or host mixed with device, `out` / `c` of the
+        wrong shape, dtype or device, `out` overlapping an input, zero or negative strides,
+        objects that are not arrays, bad scalars, streams or configs.
+    jitgemm.launch.CaptureError
+        When the stream is capturing a CUDA graph and the kernel is not loaded yet (run the
+        call once before capturing).
+
+    Calls with the same arrays (pointers, shapes, strides), scalars and stream reuse their TMA
+    descriptors and launch configuration; the kernel is compiled once per configuration and
+    process (and cached on disk), also when many threads ask for it at once.
     """
-    va, vb = as_view(a, "a"), as_view(b, "b")
+    lib = lib_of(a)
+    if lib is not None and lib.fast and (dev := lib.device_of(a)) >= 0:
+        try:
+            key = (lib.key(a), lib.key(b), None if out is None else lib.key(out),
+                   None if c is None else lib.key(c), alpha, beta, out_dtype, config,
+                   lib.current_stream(dev) if stream is None else _stream_handle(stream))
+            plan = _plans.get(key)
+        except (AttributeError, TypeError):     # mixed kinds of arrays, odd arguments: the general path
+            key = plan = None
+        if plan is not None:
+            result = plan.run(out, stream is not None)
+            if result is not None:
+                return result
+        return _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, key)
+    return _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, None)
+
+
+def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
+    """The general path: validate everything, then compute (and remember a plan when it can)."""
+    alpha = _scalar(alpha, "alpha")
+    beta = _scalar(beta, "beta")
+    if config is not None and not isinstance(config, KernelConfig):
+        raise TypeError(f"config: expected None or a jitgemm.KernelConfig, got {type(config).__name__}")
+    explicit = None if stream is None else _stream_handle(stream)
+
+    va = describe(a, "a", LEGACY_STREAM if explicit is None else explicit)
+    # The stream the work goes to; known before b, out and c are described, because a DLPack
+    # producer is handed the consumer stream when it exports.
+    if explicit is not None:
+        handle = explicit
+    elif va.lib.fast and any(needs_consumer_stream(x) for x in (b, out, c) if x is not None):
+        handle = va.lib.current_stream(va.device)
+    elif va.lib.fast:
+        handle = None      # looked up after validation
+    else:
+        handle = va.stream if va.stream is not None else LEGACY_STREAM
+    consumer = LEGACY_STREAM if handle is None else handle
+
     if va.dtype not in ("bf16", "fp16"):
-        raise TypeError(f"a: expected bfloat16 or float16, got {va.dtype}")
+        raise TypeError(f"a: expected dtype bfloat16 or float16, got {NUMPY_NAMES[va.dtype]}")
+    vb = _describe_like(b, "b", va, consumer)
     if vb.dtype != va.dtype:
-        raise TypeError(f"b: expected the same dtype as a ({va.dtype}), got {vb.dtype}")
-    if va.device != vb.device:
-        raise ValueError(f"b: expected an array on device {va.device} like a, got device {vb.device}")
+        raise TypeError(f"b: expected dtype {NUMPY_NAMES[va.dtype]} (the dtype of a), got {NUMPY_NAMES[vb.dtype]}")
     (m, k), (kb, n) = va.shape, vb.shape
-    if k != kb:
-        raise ValueError(f"b: expected {k} rows to match a's {k} columns (a is {va.shape}), got shape {vb.shape}")
+    if kb != k:
+        raise ValueError(f"b: expected shape ({k}, N) so that its rows match the {k} columns of a "
+                         f"(a has shape {va.shape}), got shape {vb.shape}")
     odt = _out_dtype_name(out_dtype, va.dtype)
-    if odt not in (va.dtype, "fp32"):
-        raise TypeError(f"out_dtype: expected the input dtype ({va.dtype}) or float32, got {odt}")
-    lib = va.lib
+    vo = None
     if out is not None:
-        vo = as_view(out, "out")
+        vo = _describe_like(out, "out", va, consumer)
         if vo.shape != (m, n):
-            raise ValueError(f"out: expected shape {(m, n)}, got {vo.shape}")
+            raise ValueError(f"out: expected shape {(m, n)} (rows of a, columns of b), got {vo.shape}")
         if out_dtype is not None and vo.dtype != odt:
-            raise TypeError(f"out: expected dtype {odt} (out_dtype), got {vo.dtype}")
+            raise TypeError(f"out: expected dtype {NUMPY_NAMES[odt]} (out_dtype), got {NUMPY_NAMES[vo.dtype]}")
         if vo.dtype not in (va.dtype, "fp32"):
-            raise TypeError(f"out: expected dtype {va.dtype} or float32, got {vo.dtype}")
-        if vo.device != va.device:
-            raise ValueError(f"out: expected an array on device {va.device} like a, got device {vo.device}")
+            raise TypeError(f"out: expected dtype {NUMPY_NAMES[va.dtype]} (the input dtype) or float32, "
+                            f"got {NUMPY_NAMES[vo.dtype]}")
+        if vo.readonly:
+            raise ValueError("out: expected a writable array, got a read-only one")
         odt = vo.dtype
+    vc = None
+    if c is not None:
+        vc = _describe_like(c, "c", va, consumer)
+        if vc.shape != (m, n):
+            raise ValueError(f"c: expected shape {(m, n)} (rows of a, columns of b), got {vc.shape}")
+        if vc.dtype != odt:
+            raise TypeError(f"c: expected dtype {NUMPY_NAMES[odt]} (the output dtype), got {NUMPY_NAMES[vc.dtype]}")
+    if vo is not None:
+        for name, v in (("a", va), ("b", vb)):
+            if overlaps(vo, v):
+                raise ValueError(f"out: overlaps {name}; the output must not share memory with a or b")
+        if vc is not None and overlaps(vo, vc) and not vo.same_memory(vc):
+            raise ValueError("out: partially overlaps c; pass out=c (the same array) to accumulate in "
+                             "place, or arrays that do not overlap")
+
+    named = [("a", va), ("b", vb), ("out", vo), ("c", vc)]
+    named = [(name, resolve_device(v, name)) for name, v in named if v is not None]
+    first = next(((name, v.device) for name, v in named if v.device >= 0), None)
+    dev = first[1] if first is not None else None
+    for name, v in named:
+        if dev is not None and v.device not in (dev, UNRESOLVED):
+            raise ValueError(f"{name}: expected an array on device {dev} (the device of {first[0]}), "
+                             f"got an array on device {v.device}")
+    views = dict(named)
+    va, vb, vo, vc = views["a"], views["b"], views.get("out"), views.get("c")
+
+    if va.is_host:
+        return _gemm_host(va, vb, vo, vc, m, n, k, odt, alpha, beta, explicit, config)
+    if dev is None:      # only empty raw arrays: no memory anywhere to say which device
+        dev = _current_device()
+    # Layouts, copies and the kernel configuration are decided (and a bad config rejected)
+    # before any work is queued.
+    decision = _Decision(va, vb, vc, m, n, k, odt, beta, config, dev) if m and n and k else None
+    if handle is None:
+        handle = va.lib.current_stream(dev)
+    with contextlib.ExitStack() as scopes:
+        scopes.enter_context(_on_device(dev))
+        for lib in {v.lib for _, v in named if v.lib.fast}:
+            if lib.current_stream(dev) != handle:
+                scopes.enter_context(lib.stream_scope(handle, dev))
+        for _, v in named:
+            if v.stream is not None and v.stream != handle:
+                stream_wait(handle, v.stream, dev)
+        return _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, handle,
+                            plan_key)
+
+
+class _Decision:
+    """How one call runs: the problem, the kernel configuration, and which inputs are copied."""
+    __slots__ = ("problem", "cfg", "a_major", "a_copy", "b_major", "b_copy", "has_c", "c_copy")
+
+    def __init__(self, va: View, vb: View, vc: View | None, m: int, n: int, k: int, odt: str,
+                 beta: float, config: KernelConfig | None, dev: int):
+        self.a_major, self.a_copy = _operand_major(va)
+        self.b_major, self.b_copy = _operand_major(vb)
+        self.has_c = vc is not None and beta != 0.0
+        self.c_copy = self.has_c and not _output_ready(vc)
+        self.problem = Problem(m, n, k, va.dtype, odt, "K" if self.a_major == 1 else "M",
+                               "N" if self.b_major == 1 else "K", self.has_c)
+        self.cfg = _config_for(self.problem, device_spec(dev), config)
+
+
+def _describe_like(obj, argname: str, va: View, stream: int) -> View:
+    view = describe(obj, argname, stream)
+    if view.is_host != va.is_host:
+        if va.is_host:
+            raise ValueError(f"{argname}: expected a NumPy host array like a, got a device array "
+                             f"({type(obj).__name__}); pass all arrays on the host or all on the GPU")
+        raise ValueError(f"{argname}: expected a device array like a, got a NumPy host array; "
+                         f"pass all arrays on the host or all on the GPU")
+    return view
+
+
+def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, handle, plan_key):
+    lib = va.lib
+    out_given = vo is not None
+    if not out_given:
+        vo = lib.view(lib.empty((m, n), odt, dev, handle), "out")
+    # A result of another library is made from ours only once the work on it is queued.
+    result = (lambda: vo.array) if out_given else (lambda: lib.result(vo.array, a))
+    if decision is None:
+        if m and n:      # K = 0: a @ b is all zeros
+            if vc is not None and beta != 0.0:
+                vo.lib.scale_(vo, vc, beta, handle)
+            else:
+                vo.lib.zero_(vo, handle)
+        return result()
+
+    d = decision
+    kern = _Kernel(d.problem, d.cfg, dev, handle)
+    if d.a_copy:
+        _warn_copy("a", "cannot be read by TMA in place and is copied")
+        va = _copy_in(va, d.a_major, "a", dev, handle)
+    if d.b_copy:
+        _warn_copy("b", "cannot be read by TMA in place and is copied")
+        vb = _copy_in(vb, d.b_major, "b", dev, handle)
+    vc_k = vc if d.has_c else None
+    if d.c_copy:
+        _warn_copy("c", "cannot be read by TMA in place and is copied")
+        vc_k = _copy_in(vc, 1, "c", dev, handle)
+    if _output_ready(vo):
+        vd = vo
+    elif d.c_copy and vo.same_memory(vc):
+        vd = vc_k               # out=c: accumulate in the aligned copy of c, then copy back
     else:
-        out = lib.empty((m, n), odt, va.device)
-        vo = lib.view(out, "out")
+        if out_given:
+            _warn_copy("out", "cannot be written by TMA in place; the result is copied into it")
+        vd = _aligned(vo.lib, m, n, 1, odt, dev, handle, "out", zero=False)
+    maps = kern.operand_maps(va, vb, vc_k)
+    call = kern.launch(maps, vd.ptr, vd.leading_stride_bytes(1), alpha, beta)
+    call()
+    if vd is not vo:
+        vo.lib.copy_(vo, vd, handle)
+    elif plan_key is not None and not (d.a_copy or d.b_copy or d.c_copy) and lib.fast and all(
+            v.lib is lib for v in (va, vb, vc_k, vo) if v is not None):
+        if len(_plans) >= PLAN_CACHE_SIZE:
+            _plans.clear()
+        plan = _Plan(lib, kern, maps, alpha, beta, call if out_given else None)
+        if not out_given:
+            plan.by_out[vo.ptr] = call
+        _plans[plan_key] = plan
+    return result()
+
+
+def _gemm_host(va, vb, vo, vc, m, n, k, odt, alpha, beta, explicit, config):
+    """NumPy in, NumPy out: upload aligned copies, compute on the current GPU, download."""
+    lib = va.lib
+    if vo is None:
+        vo = lib.view(lib.empty((m, n), odt, HOST, None), "out")
     if m == 0 or n == 0:
-        return out
-    if k == 0:
-        out[...] = 0
-        return out
-    handle = _stream_handle(stream, va)
-    dev = va.device
-    spec = device_spec(dev)
+        return vo.array
+    if k == 0:           # a @ b is all zeros
+        if vc is not None and beta != 0.0:
+            lib.scale_(vo, vc, beta, None)
+        else:
+            lib.zero_(vo, None)
+        return vo.array
+    dev = _current_device()
+    stream = explicit if explicit is not None else LEGACY_STREAM
+    d = _Decision(va, vb, vc, m, n, k, odt, beta, config, dev)
+    with _on_device(dev):
+        kern = _Kernel(d.problem, d.cfg, dev, stream)
+        staged = []     # host buffers that must live until the stream has read them
+        da = _upload(va, d.a_major, dev, stream, staged)
+        db = _upload(vb, d.b_major, dev, stream, staged)
+        dc = _upload(vc, 1, dev, stream, staged) if d.has_c else None
+        dd = dc if d.has_c else _aligned(GENERIC, m, n, 1, odt, dev, stream, "out", zero=False)
+        kern.launch(kern.operand_maps(da, db, dc), dd.ptr, dd.leading_stride_bytes(1), alpha, beta)()
+        host = lib.empty((m, dd.strides[0]), odt, HOST, None)
+        runtime.check(driver.cuMemcpyDtoHAsync(host.ctypes.data, dd.ptr, host.nbytes, driver.CUstream(stream)),
+                      "cuMemcpyDtoHAsync")
+        runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
+    lib.copy_(vo, lib.view(host[:, :n], "out"), None)
+    return vo.array
 
-    va, a_major = _tma_operand(va, "a")
-    vb, b_major = _tma_operand(vb, "b")
-    # The output is written by TMA stores: it needs a row-major, 16-byte aligned layout.
-    direct = vo.strides[1] == 1 and vo.tma_ready(1)
-    vd = vo if direct else lib.view(lib.empty((m, -(-n // 16) * 16), odt, dev), "out")
-    problem = Problem(m, n, k, va.dtype, odt, "K" if a_major == 1 else "M", "N" if b_major == 1 else "K")
-    cfg = config if config is not None else select(problem, spec)
-    kernel, lay = kernels.get(cfg, dev)
 
-    dt = va.dtype
-    if a_major == 1:
-        map_a = runtime.tensor_map_2d(dt, va.ptr, k, m, va.leading_stride_bytes(1), lay.a.box, 128)
-    else:
-        map_a = runtime.tensor_map_2d(dt, va.ptr, m, k, va.leading_stride_bytes(0), lay.a.box, 128)
-    if b_major == 1:
-        map_b = runtime.tensor_map_2d(dt, vb.ptr, n, k, vb.leading_stride_bytes(1), lay.b.box, 128)
-    else:
-        map_b = runtime.tensor_map_2d(dt, vb.ptr, k, n, vb.leading_stride_bytes(0), lay.b.box, 128)
-    map_d = runtime.tensor_map_2d(odt, vd.ptr, n, m, vd.leading_stride_bytes(1), lay.out_box, lay.out_swizzle)
-    cluster = cfg.cluster_size
-    tiles_m = -(-m // cfg.block_m)
-    tiles_n = -(-n // cfg.block_n)
-    if cfg.multicast == "A":
-        tiles_n = -(-tiles_n // 2)
-    elif cfg.multicast == "B":
-        tiles_m = -(-tiles_m // 2)
-    grid = min(tiles_m * tiles_n, spec.num_sms // cluster) * cluster
-    runtime.ensure_context(dev)
-    runtime.launch(kernel, grid, handle, [map_a, map_b, map_d], [m, n, k], [1.0, 0.0])
-    if not direct:
-        lib.copy_(out, lib.slice2d(vd.array, m, n))
-    return out
+def _upload(view: View, major: int, dev: int, stream: int, staged: list) -> View:
+    """A zero-padded device copy of host `view`, `major` innermost, as a View."""
+    rows, cols = view.shape
+    host = view.array if major == 1 else view.array.T
+    pad = TMA_ALIGN // view.itemsize
+    staging = np.zeros((host.shape[0], -(-host.shape[1] // pad) * pad), host.dtype)
+    staging[:, :host.shape[1]] = host
+    staged.append(staging)
+    device = GENERIC.empty(staging.shape, view.dtype, dev, stream)
+    runtime.check(driver.cuMemcpyHtoDAsync(device.ptr, staging.ctypes.data, staging.nbytes,
+                                           driver.CUstream(stream)), "cuMemcpyHtoDAsync")
+    if major == 1:
+        return GENERIC.window(device, rows, cols, False, "upload")
+    return GENERIC.window(device, cols, rows, True, "upload")

@@ -27,6 +27,7 @@ class KernelConfig:
     raster: str = "m"           # "m": groups of block-rows, "n": groups of block-columns
     has_c: bool = False         # epilogue reads C and computes alpha*acc + beta*C
     swap_ab: bool = False       # sm100: compute C^T = B^T A^T for small M
+    split_k: int = 1            # >1: up to this many CTAs share a tile's K range (fp32 fix-up)
 
     def __post_init__(self):
         problems = self.problems()
@@ -64,6 +65,8 @@ class KernelConfig:
             out.append("multicast needs cluster_size 2")
         if self.group_size < 1:
             out.append(f"group_size must be >= 1, got {self.group_size}")
+        if not 1 <= self.split_k <= 32:
+            out.append(f"split_k must be in [1, 32], got {self.split_k}")
         if self.raster not in ("m", "n"):
             out.append(f"raster must be 'm' or 'n', got {self.raster!r}")
         return out
@@ -89,4 +92,5 @@ class KernelConfig:
         return (f"{self.arch}_{self.dtype}_{self.out_dtype}_{self.a_major}{self.b_major}"
                 f"_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}"
                 f"_c{self.num_consumers}_cl{self.cluster_size}{self.multicast}"
-                f"_g{self.group_size}{self.raster}{'_C' if self.has_c else ''}{'_swap' if self.swap_ab else ''}")
+                f"_g{self.group_size}{self.raster}{'_C' if self.has_c else ''}{'_swap' if self.swap_ab else ''}"
+                f"{f'_sk{self.split_k}' if self.split_k > 1 else ''}")

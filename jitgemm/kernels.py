@@ -1,15 +1,35 @@
 """Config -> compiled, loaded kernel: a per-process table, then the disk cache, then NVRTC."""
 from __future__ import annotations
 
+import shlex
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import compiler, runtime
-from .cache import CacheResult, KernelCache
+from .cache import CacheResult, KernelCache, OfflineError, cache_key
 from .config import KernelConfig
 from .layout import KernelLayout, layout_of
+from .problem import Problem
 from .render import kernel_name, render
+
+__all__ = ["BuiltKernel", "KernelSource", "OfflineError", "build", "default_cache", "get", "is_loaded",
+           "precompile_commands", "prepare"]
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """Everything about a kernel that is known before compiling it."""
+    config: KernelConfig
+    layout: KernelLayout
+    name: str
+    source: str
+    options: tuple
+    nvrtc_version: str
+
+    @property
+    def key(self) -> str:
+        return cache_key(self.source, self.options, self.config.arch, self.nvrtc_version)
 
 
 @dataclass(frozen=True)
@@ -39,29 +59,57 @@ def default_cache() -> KernelCache:
     return _default_cache
 
 
-def build(config: KernelConfig, cache: KernelCache | None = None) -> BuiltKernel:
-    """Render and compile `config` (or find it in the disk cache). Needs no GPU."""
-    lay = layout_of(config)
-    source = render(config)
-    name = kernel_name(config)
-    options = compiler.options_for(config.arch)
+def prepare(config: KernelConfig) -> KernelSource:
+    """Render `config` and collect what its cache key covers; compiles nothing."""
+    return KernelSource(config, layout_of(config), kernel_name(config), render(config),
+                        compiler.options_for(config.arch), compiler.nvrtc_version())
+
+
+def precompile_commands(config: KernelConfig, problem: Problem | None = None) -> list[str]:
+    """Shell commands that put `config`'s kernel in the cache: the exact config, then the shape."""
+    commands = [f"jitgemm precompile --config {shlex.quote(config.to_json())}"]
+    if problem is not None and not problem.has_c:     # the shape path has no C epilogue flag
+        commands.append(f"jitgemm precompile --m {problem.m} --n {problem.n} --k {problem.k} "
+                        f"--dtype {problem.dtype} --out-dtype {problem.out_dtype} "
+                        f"--layout {problem.layout} --arch {config.arch}")
+    return commands
+
+
+def _offline_hint(src: KernelSource, problem: Problem | None) -> str:
+    lines = [f"  problem: {problem.describe()}" if problem is not None else "  problem: not given",
+             f"  kernel:  {src.name}",
+             "  build it (where compiling is allowed, with the same JITGEMM_CACHE_DIR) with:"]
+    lines += [f"    {command}" for command in precompile_commands(src.config, problem)]
+    return "\n".join(lines)
+
+
+def build(config: KernelConfig, cache: KernelCache | None = None, problem: Problem | None = None) -> BuiltKernel:
+    """Render and compile `config` (or find it in the disk cache). Needs no GPU.
+
+    `problem`, when given, is named in the OfflineError raised under JITGEMM_OFFLINE=1.
+    """
+    src = prepare(config)
 
     def compile_fn(source_path: Path | None):
-        return compiler.compile_cubin(source, config.arch, name=f"{name}.cu",
+        return compiler.compile_cubin(src.source, config.arch, name=f"{src.name}.cu",
                                       source_path=str(source_path) if source_path else None)
 
     result = (cache or default_cache()).get_or_compile(
-        source, config.arch, options, compiler.nvrtc_version(),
-        {"config": config.to_dict(), "kernel": name}, compile_fn)
-    return BuiltKernel(config, lay, name, result)
+        src.source, config.arch, src.options, src.nvrtc_version,
+        {"config": config.to_dict(), "kernel": src.name}, compile_fn,
+        offline_hint=_offline_hint(src, problem))
+    return BuiltKernel(config, src.layout, src.name, result)
 
 
 def is_loaded(config: KernelConfig, ordinal: int) -> bool:
     return (config, ordinal) in _loaded
 
 
-def get(config: KernelConfig, ordinal: int):
-    """The loaded kernel for `config` on device `ordinal`, compiling or reading the cache once."""
+def get(config: KernelConfig, ordinal: int, problem: Problem | None = None):
+    """The loaded kernel for `config` on device `ordinal`, compiling or reading the cache once.
+
+    After the first call for a (config, ordinal) this is a dictionary lookup: no file I/O.
+    """
     key = (config, ordinal)
     found = _loaded.get(key)
     if found is not None:
@@ -71,7 +119,7 @@ def get(config: KernelConfig, ordinal: int):
     with lock:
         found = _loaded.get(key)
         if found is None:
-            built = build(config)
+            built = build(config, problem=problem)
             runtime.ensure_context(ordinal)
             kernel = runtime.load_kernel(built.cubin, built.name, built.layout.smem_bytes,
                                          built.layout.num_threads, config.cluster_size)

@@ -3,10 +3,12 @@
 One source of truth for the numbers the template, the runtime (tensor-map boxes) and the
 heuristics (shared-memory arithmetic) must agree on.
 
-Operand tiles use 128-byte swizzling. A K-major tile is `rows x 64` 16-bit elements (one
-128-byte row per M or N index). An MN-major tile is stored as pieces of 64 MN-elements x
-block_k K-rows, each piece one TMA box. With TMA multicast of an operand, the two CTAs of a
-cluster each load half of that operand's pieces and multicast them to both CTAs.
+A K-major operand tile is `rows x 64` 16-bit elements with 128-byte swizzling (one 128-byte
+row per M or N index). An MN-major tile is stored as pieces of `swizzle / 2` MN-elements x
+block_k K-rows, each piece one TMA box: 128-byte swizzle (64-wide pieces) when the tile is at
+least 64 wide, else the widest of 64 or 32 bytes whose piece width divides it, so that narrow
+tiles (block_n 16, 32, 48) do not load padding. With TMA multicast of an operand, the two CTAs
+of a cluster each load half of that operand's pieces and multicast them to both CTAs.
 """
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ WGMMA_M = 64
 
 @dataclass(frozen=True)
 class OperandLayout:
-    major_is_k: bool      # K-major (rows of 128 bytes) or MN-major (pieces of 64 MN elements)
+    major_is_k: bool      # K-major (rows of 128 bytes) or MN-major (pieces of MN elements)
     extent: int           # block_m or block_n
+    swizzle: int          # bytes: 128, or 64 / 32 for narrow MN-major tiles
     piece_extent: int     # MN elements covered by one TMA box
     piece_bytes: int
     num_pieces: int       # pieces in the whole tile
@@ -38,29 +41,47 @@ class OperandLayout:
 
     @property
     def lbo(self) -> int:
-        """wgmma descriptor leading byte offset (MN-major: stride between 64-wide pieces)."""
+        """wgmma descriptor leading byte offset (MN-major: stride between pieces)."""
         return self.piece_bytes if not self.major_is_k else 16
 
     @property
     def sbo(self) -> int:
         """wgmma descriptor stride byte offset: between 8-row (K-major) or 8-K (MN-major) groups."""
-        return SWIZZLE_ATOM
+        return 8 * self.swizzle
+
+    @property
+    def k16_bytes(self) -> int:
+        """Descriptor start-address step for the next 16 elements of K."""
+        return 32 if self.major_is_k else 16 * self.swizzle
+
+    @property
+    def desc_layout(self) -> int:
+        """wgmma descriptor layout type (bits 62-63): 1 = 128B, 2 = 64B, 3 = 32B swizzle."""
+        return {128: 1, 64: 2, 32: 3}[self.swizzle]
 
 
 def _operand(major_is_k: bool, extent: int, block_k: int, elem: int, multicast: bool) -> OperandLayout:
     ranks = 2 if multicast else 1
     if major_is_k:
+        swizzle = 128
         piece_extent = extent // ranks
         num_pieces = ranks
         box = (block_k, piece_extent)
-        piece_bytes = piece_extent * block_k * elem
     else:
-        piece_extent = 128 // elem
+        swizzle = mn_major_swizzle(extent, elem)
+        piece_extent = swizzle // elem
         num_pieces = -(-extent // piece_extent)
         box = (piece_extent, block_k)
-        piece_bytes = piece_extent * block_k * elem
-    return OperandLayout(major_is_k, extent, piece_extent, piece_bytes, num_pieces,
+    piece_bytes = box[0] * box[1] * elem
+    return OperandLayout(major_is_k, extent, swizzle, piece_extent, piece_bytes, num_pieces,
                          num_pieces // ranks, multicast, box)
+
+
+def mn_major_swizzle(extent: int, elem: int) -> int:
+    """Swizzle bytes of an MN-major tile `extent` elements wide (see the module docstring)."""
+    if extent * elem >= 128:
+        return 128
+    return 64 if (extent * elem) % 64 == 0 else 32
 
 
 @dataclass(frozen=True)
@@ -96,8 +117,9 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
             continue
         if major_is_k and (extent // 2) % 8:
             out.append(f"multicast {name}: half of the {extent}-row K-major tile must be a multiple of 8 rows")
-        if not major_is_k and (-(-extent // (128 // elem))) % 2:
-            out.append(f"multicast {name}: an MN-major tile of {extent} must span an even number of 64-wide pieces")
+        piece = mn_major_swizzle(extent, elem) // elem
+        if not major_is_k and (-(-extent // piece)) % 2:
+            out.append(f"multicast {name}: an MN-major tile of {extent} must span an even number of {piece}-wide pieces")
     return out
 
 
@@ -118,7 +140,8 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     # Round each region to the swizzle atom so every TMA box starts 1024-byte aligned.
     out_bytes = -(-out_bytes // SWIZZLE_ATOM) * SWIZZLE_ATOM
     stage_bytes = a.tile_bytes + b.tile_bytes
-    barriers = (2 * cfg.num_stages + cfg.num_consumers) * BARRIER_BYTES
+    # tma2mma and mma2tma per stage, c_ready per math warpgroup, and one split-K flag word each
+    barriers = (2 * cfg.num_stages + 2 * cfg.num_consumers) * BARRIER_BYTES
     smem = cfg.num_stages * stage_bytes + out_bytes + barriers + SWIZZLE_ATOM
     acc_regs = (wg_m // WGMMA_M) * (cfg.block_n // 2)
     return KernelLayout(cfg, a, b, wg_m, out_swizzle, out_piece_cols, (out_piece_cols, wg_m),

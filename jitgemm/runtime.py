@@ -161,7 +161,7 @@ def tensor_map_2d(dtype: str, ptr: int, inner: int, outer: int, outer_stride_byt
 _launch_configs: dict = {}
 
 
-def _launch_config(kernel: LoadedKernel, grid: int, stream: int):
+def launch_config(kernel: LoadedKernel, grid: int, stream: int):
     key = (kernel.name, grid, stream)
     cfg = _launch_configs.get(key)
     if cfg is None:
@@ -181,9 +181,14 @@ def _launch_config(kernel: LoadedKernel, grid: int, stream: int):
     return cfg
 
 
-def launch(kernel: LoadedKernel, grid: int, stream: int, tensor_maps: list, ints: list, floats: list):
-    """Launch `kernel` on `stream` with args (*tensor_maps, *ints, *floats)."""
+def launch(kernel: LoadedKernel, grid: int, stream: int, tensor_maps: list, ints: list, floats: list,
+           split_k: tuple | None = None):
+    """Launch `kernel` on `stream` with args (*tensor_maps, *ints, *floats[, workspace pointer,
+    tile-counter pointer, number of splits])."""
     values = tuple(tensor_maps) + tuple(ints) + tuple(floats)
     types = (None,) * len(tensor_maps) + (ctypes.c_int,) * len(ints) + (ctypes.c_float,) * len(floats)
-    check(driver.cuLaunchKernelEx(_launch_config(kernel, grid, stream), kernel.function, (values, types), 0),
+    if split_k is not None:
+        values += tuple(split_k)
+        types += (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+    check(driver.cuLaunchKernelEx(launch_config(kernel, grid, stream), kernel.function, (values, types), 0),
           f"cuLaunchKernelEx({kernel.name}, grid={grid})")

@@ -27,14 +27,18 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
         "@!done bra WAIT_%=;\n"
         "}\n" :: "r"(bar), "r"(parity) : "memory");
 }
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
 // Arrive on the barrier at the same shared-memory offset in CTA `cta` of the cluster
-// (this CTA included).
+// (this CTA included). Default .release.cta semantics: the arrival only says "stage read",
+// and the wgmma reads were already completed by wgmma.wait_group, so no cluster-wide fence.
 __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 cta) {
     asm volatile(
         "{\n"
         ".reg .b32 remote;\n"
         "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
         "}\n" :: "r"(bar), "r"(cta) : "memory");
 }
 __device__ __forceinline__ void fence_barrier_init() {
@@ -93,12 +97,12 @@ __device__ __forceinline__ void named_barrier(u32 id, u32 threads) {
 }
 
 // ---- wgmma ----
-// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63).
-__device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo, u32 sbo) {
+// Shared-memory matrix descriptor; `layout` in bits 62-63: 1 = 128B, 2 = 64B, 3 = 32B swizzle.
+__device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo, u32 sbo, u32 layout) {
     return (u64)((addr & 0x3FFFF) >> 4)
          | ((u64)((lbo & 0x3FFFF) >> 4) << 16)
          | ((u64)((sbo & 0x3FFFF) >> 4) << 32)
-         | (1ull << 62);
+         | ((u64)layout << 62);
 }
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");

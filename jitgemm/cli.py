@@ -1,0 +1,770 @@
+"""The `jitgemm` command line: precompile shape sets, inspect and clean the cache, explain choices.
+
+    jitgemm precompile [FILE] [--m LIST --n LIST --k LIST] [--dtype ...] [--jobs N] [--dry-run] [--json]
+    jitgemm cache dir | list | show KEY | verify | prune | clear
+    jitgemm env [--json]
+    jitgemm explain M N K [--dtype ...] [--layout ...] [--arch ...] [--num-sms N] [--json]
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import sys
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from . import __version__, compiler, heuristics, kernels, runtime
+from .cache import CacheWarning, CorruptEntry, KernelCache, UnsafeError, offline_mode, read_entry
+from .config import ARCHS, KernelConfig
+from .heuristics import DeviceSpec
+from .problem import INPUT_DTYPES, LAYOUTS, OUTPUT_DTYPES, Problem
+from .render import kernel_name
+
+# SM counts assumed when the target arch is not the local GPU's: H100/H200 SXM and B200.
+DEFAULT_NUM_SMS = {"sm_90a": 132, "sm_100a": 148}
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    label = "warning" if issubclass(category, CacheWarning) else category.__name__
+    click.echo(f"jitgemm: {label}: {message}", err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="jitgemm")
+@click.pass_context
+def main(ctx: click.Context):
+    """JIT-compiled GEMM kernels: precompile shape sets, manage the kernel cache, explain choices."""
+    ctx.with_resource(warnings.catch_warnings())   # restores the warning hooks when the command ends
+    warnings.showwarning = _show_warning
+
+
+# ---- option types ----
+
+def parse_int_list(text: str) -> list[int]:
+    """'1,128,4096' and ranges 'start:stop[:step]' (stop included when reached) -> sizes."""
+    values = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            raise ValueError(f"empty item in {text!r}")
+        parts = item.split(":")
+        if len(parts) > 3:
+            raise ValueError(f"a range is start:stop[:step], got {item!r}")
+        try:
+            numbers = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"expected integers or start:stop[:step] ranges, got {item!r}") from None
+        if len(numbers) == 1:
+            values.append(numbers[0])
+            continue
+        start, stop, step = numbers if len(numbers) == 3 else (*numbers, 1)
+        if step < 1 or stop < start:
+            raise ValueError(f"range {item!r} needs start <= stop and step >= 1")
+        values.extend(range(start, stop + 1, step))
+    bad = [v for v in values if v < 1]
+    if bad:
+        raise ValueError(f"sizes must be positive, got {bad[0]}")
+    return list(dict.fromkeys(values))
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_duration(text: str) -> float:
+    """'30d', '12h', '90m', '45s', '2w' -> seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
+    if not match:
+        raise ValueError(f"expected a number and a unit (s, m, h, d or w), e.g. 30d, got {text!r}")
+    return float(match[1]) * _DURATION_UNITS[match[2]]
+
+
+def parse_size(text: str) -> int:
+    """'2G', '500M', '1.5GiB', '4096' -> bytes (binary multiples)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if not match:
+        raise ValueError(f"expected a size such as 2G, 500M or 4096 (bytes), got {text!r}")
+    return int(float(match[1]) * _SIZE_UNITS[match[2]])
+
+
+class _Parsed(click.ParamType):
+    def __init__(self, name: str, parse):
+        self.name, self._parse = name, parse
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value
+        try:
+            return self._parse(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+INT_LIST = _Parsed("LIST", parse_int_list)
+DURATION = _Parsed("DURATION", parse_duration)
+SIZE = _Parsed("SIZE", parse_size)
+
+
+# ---- target device ----
+
+def _local_gpu():
+    try:
+        return runtime.device_info(0) if runtime.device_count() > 0 else None
+    except Exception:       # no driver, no device: the CLI works without a GPU
+        return None
+
+
+def _target(arch: str | None, num_sms: int | None) -> DeviceSpec:
+    """The device to pick kernels for: the flags, else the local GPU, else sm_90a (with a note)."""
+    gpu = _local_gpu()
+    notes = []
+    if arch is None:
+        if gpu is not None and gpu.arch in ARCHS:
+            arch = gpu.arch
+        else:
+            arch = "sm_90a"
+            found = f"GPU 0 ({gpu.name}) is {gpu.arch}" if gpu is not None else "no CUDA GPU found"
+            notes.append(f"{found}; targeting sm_90a (choose with --arch)")
+    if num_sms is None:
+        if gpu is not None and gpu.arch == arch:
+            num_sms = gpu.num_sms
+        else:
+            num_sms = DEFAULT_NUM_SMS[arch]
+            notes.append(f"assuming {num_sms} SMs for {arch} (choose with --num-sms)")
+    if notes:
+        click.echo("jitgemm: note: " + "; ".join(notes), err=True)
+    return DeviceSpec(arch=arch, num_sms=num_sms)
+
+
+def _problem_options(func):
+    """--dtype, --out-dtype, --layout, --arch and --num-sms, shared by precompile and explain."""
+    for option in reversed([
+        click.option("--dtype", type=click.Choice(INPUT_DTYPES), default="bf16", show_default=True,
+                     help="Input element type."),
+        click.option("--out-dtype", type=click.Choice(OUTPUT_DTYPES), default=None,
+                     help="Output element type [default: --dtype]."),
+        click.option("--layout", type=click.Choice(sorted(LAYOUTS)), default="nt", show_default=True,
+                     help="Operand majors, A then B: n = K-major, t = M-major (A) or N-major (B); "
+                          "nt is a @ b with both row-major."),
+        click.option("--arch", type=click.Choice(ARCHS), default=None,
+                     help="Target [default: the local GPU, else sm_90a]."),
+        click.option("--num-sms", type=click.IntRange(min=1), default=None,
+                     help="SM count the heuristics plan for [default: the local GPU's, else the arch's usual]."),
+    ]):
+        func = option(func)
+    return func
+
+
+def _problem(m, n, k, dtype, out_dtype, layout) -> Problem:
+    a_major, b_major = LAYOUTS[layout]
+    return Problem(m, n, k, dtype, out_dtype or dtype, a_major, b_major)
+
+
+def _problem_dict(p: Problem) -> dict:
+    return {"m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype, "out_dtype": p.out_dtype, "layout": p.layout}
+
+
+# ---- shape files ----
+
+SHAPE_FIELDS = ("m", "n", "k")
+OPTIONAL_FIELDS = ("dtype", "out_dtype", "layout", "name")   # per-shape overrides; name is a label
+
+
+@dataclass(frozen=True)
+class ShapeSpec:
+    m: int
+    n: int
+    k: int
+    dtype: str | None = None
+    out_dtype: str | None = None
+    layout: str | None = None
+
+
+def _spec_from_mapping(data: dict, where: str) -> ShapeSpec:
+    data = {str(key).strip().lower().replace("-", "_"): value for key, value in data.items()}
+    unknown = sorted(set(data) - set(SHAPE_FIELDS) - set(OPTIONAL_FIELDS))
+    if unknown:
+        raise ValueError(f"{where}: unknown fields {unknown}; expected m, n, k and optionally "
+                         f"{', '.join(OPTIONAL_FIELDS)}")
+    missing = [f for f in SHAPE_FIELDS if data.get(f) in (None, "")]
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(missing)}")
+    sizes = [_size(data[f], f"{where}: {f}") for f in SHAPE_FIELDS]
+    extra = {f: (str(data[f]).strip() or None) if data.get(f) is not None else None
+             for f in ("dtype", "out_dtype", "layout")}
+    return ShapeSpec(*sizes, **extra)
+
+
+def _size(value, where: str) -> int:
+    try:
+        size = int(str(value).strip()) if not isinstance(value, bool) else None
+    except ValueError:
+        size = None
+    if size is None or size < 1:
+        raise ValueError(f"{where} must be a positive integer, got {value!r}")
+    return size
+
+
+def read_shape_file(path: Path) -> list[ShapeSpec]:
+    """Shapes from a file: JSON (a list of [M, N, K] or {"m", "n", "k", ...} objects), CSV (with
+    an m,n,k[,dtype,out_dtype,layout,name] header or three bare columns) or text (one `M N K` per
+    line, `#` starts a comment)."""
+    text = path.read_text()
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        if isinstance(data, dict) and "shapes" in data:
+            data = data["shapes"]
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a list of shapes (or {{\"shapes\": [...]}})")
+        specs = []
+        for i, item in enumerate(data):
+            where = f"{path}: shape {i}"
+            if isinstance(item, dict):
+                specs.append(_spec_from_mapping(item, where))
+            elif isinstance(item, list) and len(item) == 3:
+                specs.append(ShapeSpec(*(_size(v, f"{where}: {f}") for v, f in zip(item, SHAPE_FIELDS))))
+            else:
+                raise ValueError(f"{where}: expected [M, N, K] or an object with m, n, k, got {item!r}")
+        return specs
+    if suffix == ".csv":
+        rows = [(i, row) for i, row in enumerate(csv.reader(text.splitlines()), 1)
+                if row and not row[0].lstrip().startswith("#")]
+        if not rows:
+            return []
+        header = None
+        if not rows[0][1][0].strip().isdigit():
+            header = [h.strip() for h in rows[0][1]]
+            rows = rows[1:]
+        specs = []
+        for lineno, row in rows:
+            where = f"{path}:{lineno}"
+            if header is not None:
+                if len(row) != len(header):
+                    raise ValueError(f"{where}: {len(row)} columns, the header has {len(header)}")
+                specs.append(_spec_from_mapping(dict(zip(header, row)), where))
+            elif len(row) == 3:
+                specs.append(ShapeSpec(*(_size(v, f"{where}: {f}") for v, f in zip(row, SHAPE_FIELDS))))
+            else:
+                raise ValueError(f"{where}: expected M,N,K, got {','.join(row)!r}")
+        return specs
+    specs = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        fields = line.split("#", 1)[0].replace(",", " ").split()
+        if not fields:
+            continue
+        if len(fields) != 3:
+            raise ValueError(f"{path}:{lineno}: expected 'M N K', got {line.strip()!r}")
+        specs.append(ShapeSpec(*(_size(v, f"{path}:{lineno}: {f}") for v, f in zip(fields, SHAPE_FIELDS))))
+    return specs
+
+
+def _resolve_specs(specs: list[ShapeSpec], dtype: str, out_dtype: str | None, layout: str) -> list[Problem]:
+    problems = []
+    for spec in specs:
+        d = spec.dtype or dtype
+        lay = spec.layout or layout
+        try:
+            if lay not in LAYOUTS:
+                raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {lay!r}")
+            problems.append(_problem(spec.m, spec.n, spec.k, d, spec.out_dtype or out_dtype or d, lay))
+        except ValueError as exc:
+            raise ValueError(f"shape {spec.m} {spec.n} {spec.k}: {exc}") from None
+    return list(dict.fromkeys(problems))
+
+
+# ---- precompile ----
+
+def _build_one(config: KernelConfig) -> dict:
+    start = time.perf_counter()
+    try:
+        built = kernels.build(config)
+    except Exception as exc:      # reported per kernel; the others still compile
+        return {"status": "error", "error": f"{type(exc).__name__}: {exc}",
+                "seconds": round(time.perf_counter() - start, 4)}
+    result = built.cache
+    return {"status": "hit" if result.hit else "compiled", "key": result.key,
+            "seconds": round(time.perf_counter() - start, 4),
+            "compile_seconds": round(result.compile_seconds, 4),
+            "cached": result.path is not None}
+
+
+def _lookup_one(cache: KernelCache, config: KernelConfig) -> dict:
+    try:
+        key = kernels.prepare(config).key
+    except Exception as exc:
+        return {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    found = cache.lookup(key, touch=False)
+    record = {"status": found.status, "key": key}
+    if found.reason:
+        record["reason"] = found.reason
+    return record
+
+
+@main.command()
+@click.argument("shapes_file", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--m", "ms", type=INT_LIST, help="M sizes: 1,128,4096 and/or ranges start:stop:step (stop included).")
+@click.option("--n", "ns", type=INT_LIST, help="N sizes, as for --m.")
+@click.option("--k", "ks", type=INT_LIST, help="K sizes, as for --m.")
+@_problem_options
+@click.option("--config", "configs", multiple=True, metavar="JSON",
+              help="Also build this exact KernelConfig (a JSON object such as `explain --json` prints "
+                   "as \"chosen\"). Repeatable.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Parallel compiles [default: the number of CPUs].")
+@click.option("--dry-run", is_flag=True, help="List the distinct kernels and whether they are cached; compile nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+def precompile(shapes_file, ms, ns, ks, dtype, out_dtype, layout, arch, num_sms, configs, jobs, dry_run, as_json):
+    """Compile the kernels a shape set needs into the cache.
+
+    Shapes come from --m/--n/--k (every combination) and/or SHAPES_FILE: one `M N K` per line,
+    a CSV with an m,n,k header, or a JSON list; file entries may set their own dtype, out_dtype
+    and layout. A second run of the same set compiles nothing.
+    """
+    given = {"--m": ms, "--n": ns, "--k": ks}
+    if any(v is not None for v in given.values()) and not all(v is not None for v in given.values()):
+        missing = [name for name, v in given.items() if v is None]
+        raise click.UsageError(f"--m, --n and --k go together; missing {', '.join(missing)}")
+    specs = [ShapeSpec(m, n, k) for m in ms for n in ns for k in ks] if ms is not None else []
+    if shapes_file is not None:
+        try:
+            specs += read_shape_file(shapes_file)
+        except (OSError, ValueError) as exc:
+            raise click.UsageError(str(exc)) from None
+    if not specs and not configs:
+        raise click.UsageError("no shapes: give --m, --n and --k, a SHAPES_FILE, or --config")
+    try:
+        problems = _resolve_specs(specs, dtype, out_dtype, layout)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    exact = []
+    for text in configs:
+        try:
+            exact.append(KernelConfig.from_dict(json.loads(text)))
+        except (ValueError, TypeError) as exc:
+            raise click.BadParameter(f"{exc} (in {text!r})", param_hint="--config") from None
+    try:
+        offline = offline_mode()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if offline and not dry_run:
+        raise click.ClickException("JITGEMM_OFFLINE=1 forbids compiling; unset it to precompile "
+                    "(or use --dry-run to list what is missing)")
+    device = _target(arch, num_sms) if problems else None
+
+    # Map shapes to distinct kernels; a shape the heuristics reject is reported, not fatal.
+    users: dict[KernelConfig, list[Problem]] = {c: [] for c in exact}
+    select_errors: dict[str, list[Problem]] = {}
+    select_start = time.perf_counter()
+    for p in problems:
+        try:
+            users.setdefault(heuristics.select(p, device), []).append(p)
+        except Exception as exc:
+            select_errors.setdefault(f"{type(exc).__name__}: {exc}", []).append(p)
+
+    select_seconds = time.perf_counter() - select_start
+    cache = kernels.default_cache()
+    start = time.perf_counter()
+    configs_list = list(users)
+    if dry_run:
+        records = [_lookup_one(cache, c) for c in configs_list]
+    else:
+        records = _build_all(configs_list, jobs or os.cpu_count() or 1)
+    wall = time.perf_counter() - start
+    for cfg, record in zip(configs_list, records):
+        record.update(kernel=kernel_name(cfg), config=cfg.to_dict(),
+                      problems=[_problem_dict(p) for p in users[cfg]])
+    summary = {
+        "arch": device.arch if device else None, "num_sms": device.num_sms if device else None,
+        "cache_root": str(cache.root), "dry_run": dry_run, "shapes": len(problems),
+        "kernels": records,
+        "select_errors": [{"error": e, "problems": [_problem_dict(p) for p in ps]}
+                          for e, ps in select_errors.items()],
+        "compiled": sum(r["status"] == "compiled" for r in records),
+        "hits": sum(r["status"] == "hit" for r in records),
+        "failed": sum(r["status"] == "error" for r in records),
+        "uncached": sum(r["status"] == "compiled" and not r["cached"] for r in records),
+        "select_seconds": round(select_seconds, 3),
+        "wall_seconds": round(wall, 3),
+    }
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        _print_precompile(summary, device)
+    if summary["failed"] or summary["uncached"] or select_errors:
+        sys.exit(1)
+
+
+def _build_all(configs: list[KernelConfig], jobs: int) -> list[dict]:
+    from tqdm import tqdm   # only this command draws a progress bar
+
+    records: list = [None] * len(configs)
+    # Threads suffice: NVRTC releases the GIL while it compiles.
+    with ThreadPoolExecutor(max_workers=jobs) as pool, \
+            tqdm(total=len(configs), desc="jitgemm precompile", unit="kernel", file=sys.stderr,
+                 disable=None, leave=False) as bar:
+        futures = {pool.submit(_build_one, cfg): i for i, cfg in enumerate(configs)}
+        for future in as_completed(futures):
+            records[futures[future]] = future.result()
+            bar.update()
+    return records
+
+
+def _print_precompile(summary: dict, device: DeviceSpec | None) -> None:
+    target = f" for {device.arch} ({device.num_sms} SMs)" if device else ""
+    click.echo(f"{summary['shapes']} shapes -> {len(summary['kernels'])} kernels{target}; "
+               f"cache {summary['cache_root']}")
+    labels = {"hit": "cached", "miss": "missing"}
+    for r in summary["kernels"]:
+        status = labels.get(r["status"], r["status"]) if summary["dry_run"] else r["status"]
+        if r["status"] == "compiled" and not r["cached"]:
+            status = "uncached"
+        count = len(r["problems"])
+        uses = f"({count} shape{'s' if count != 1 else ''})" if count else "(--config)"
+        timing = f"{r['seconds']:6.2f} s  " if "seconds" in r else ""
+        key = r.get("key", "?" * 16)[:16]
+        click.echo(f"  {status:9} {timing}{key}  {r['kernel']}  {uses}")
+        if r["status"] == "error" or r.get("reason"):
+            click.echo("      " + (r.get("error") or r["reason"]).replace("\n", "\n      "), err=True)
+    for e in summary["select_errors"]:
+        click.echo(f"error: no kernel for {len(e['problems'])} shape(s), e.g. "
+                   f"{e['problems'][0]['m']} {e['problems'][0]['n']} {e['problems'][0]['k']}: {e['error']}", err=True)
+    if summary["dry_run"]:
+        missing = sum(r["status"] != "hit" for r in summary["kernels"])
+        click.echo(f"dry run: {missing} to compile, {summary['hits']} already cached")
+    else:
+        if summary["uncached"]:
+            click.echo(f"error: {summary['uncached']} kernel(s) could not be stored in the cache "
+                       f"(see the warning above)", err=True)
+        click.echo(f"{summary['compiled']} compiled, {summary['hits']} already cached, "
+                   f"{summary['failed']} failed in {summary['wall_seconds']:.2f} s "
+                   f"(choosing the kernels took {summary['select_seconds']:.2f} s)")
+
+
+# ---- explain ----
+
+@main.command()
+@click.argument("m", type=click.IntRange(min=1))
+@click.argument("n", type=click.IntRange(min=1))
+@click.argument("k", type=click.IntRange(min=1))
+@_problem_options
+@click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
+def explain(m, n, k, dtype, out_dtype, layout, arch, num_sms, as_json):
+    """Show the kernel the heuristics pick for an M x N x K GEMM, the best candidates and why
+    others were rejected."""
+    problem = _problem(m, n, k, dtype, out_dtype, layout)
+    device = _target(arch, num_sms)
+    explain_fn = getattr(heuristics, "explain", None)
+    if explain_fn is None:
+        raise click.ClickException("this version of jitgemm.heuristics has no explain()")
+    try:
+        report = explain_fn(problem, device, top=5)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        try:
+            click.echo(json.dumps(report, indent=2))
+        except TypeError as exc:
+            raise click.ClickException(f"heuristics.explain returned something that is not JSON: {exc}") from None
+    else:
+        click.echo(format_explanation(report))
+
+
+def _config_label(config) -> str:
+    if isinstance(config, dict):
+        try:
+            return KernelConfig.from_dict(config).name
+        except (ValueError, TypeError):
+            return ", ".join(f"{k}={v}" for k, v in config.items())
+    return str(config)
+
+
+def _value(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict):
+        return " ".join(f"{k}={_value(x)}" for k, x in v.items())
+    return str(v)
+
+
+MAX_REJECTED_SHOWN = 12
+
+
+def format_explanation(report: dict) -> str:
+    """Human-readable text from whatever keys `heuristics.explain` returned."""
+    lines = []
+    for key in ("problem", "device"):
+        if key in report:
+            lines.append(f"{key + ':':10} {_value(report[key])}")
+    if "chosen" in report:
+        lines.append(f"{'chosen:':10} {_config_label(report['chosen'])}")
+    candidates = report.get("candidates") or []
+    if candidates:
+        lines.append("candidates (best first):")
+        for i, cand in enumerate(candidates, 1):
+            label = cand.get("name") or _config_label(cand.get("config"))
+            cost = cand.get("cost")
+            cost_text = f"cost {_value(cost)}  " if cost is not None else ""
+            lines.append(f"  {i}. {cost_text}{label}")
+            terms = {k: v for k, v in cand.items() if k not in ("config", "name", "cost")}
+            if terms:
+                lines.append("       " + _value(terms))
+    rejected = report.get("rejected") or []
+    if rejected:
+        lines.append(f"rejected ({len(rejected)}):")
+        for r in rejected[:MAX_REJECTED_SHOWN]:
+            lines.append(f"  {_config_label(r.get('config'))}: {r.get('rule', '')}")
+        if len(rejected) > MAX_REJECTED_SHOWN:
+            lines.append(f"  ... and {len(rejected) - MAX_REJECTED_SHOWN} more (all of them with --json)")
+    for key, value in report.items():
+        if key not in ("problem", "device", "chosen", "candidates", "rejected"):
+            lines.append(f"{key + ':':10} {_value(value)}")
+    return "\n".join(lines)
+
+
+# ---- cache ----
+
+def _human_bytes(n: int) -> str:
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    value, i = float(n), 0
+    while value >= 1024 and i < len(units) - 1:
+        value, i = value / 1024, i + 1
+    return f"{n} B" if i == 0 else f"{value:.1f} {units[i]}"
+
+
+def _ago(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{max(seconds, 0):.0f}s ago"
+
+
+def _cache_call(fn, *args, **kwargs):
+    """Run a cache operation, turning a refused or unreadable root into a clean error."""
+    try:
+        return fn(*args, **kwargs)
+    except (UnsafeError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _entry_dict(e) -> dict:
+    meta = e.meta or {}
+    return {"key": e.key, "kernel": e.kernel, "arch": meta.get("arch"), "config": meta.get("config"),
+            "size_bytes": e.size_bytes, "last_used": e.last_used, "created": meta.get("created"),
+            "nvrtc_version": meta.get("nvrtc_version"), "compile_seconds": meta.get("compile_seconds"),
+            "path": str(e.path), "problem": e.problem}
+
+
+@main.group("cache")
+def cache_group():
+    """Inspect and clean the kernel cache (JITGEMM_CACHE_DIR moves it)."""
+
+
+@cache_group.command("dir")
+def cache_dir():
+    """Print the cache root."""
+    click.echo(str(KernelCache().root))
+
+
+@cache_group.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--sort", type=click.Choice(["age", "size"]), default="age", show_default=True,
+              help="age: most recently used first; size: largest first.")
+def cache_list(as_json, sort):
+    """List the cache entries."""
+    cache = KernelCache()
+    entries = _cache_call(cache.entries)
+    if sort == "size":
+        entries.sort(key=lambda e: (-e.size_bytes, e.key))
+    else:
+        entries.sort(key=lambda e: (-e.last_used, e.key))
+    total = sum(e.size_bytes for e in entries)
+    if as_json:
+        click.echo(json.dumps({"root": str(cache.root), "count": len(entries), "total_bytes": total,
+                               "entries": [_entry_dict(e) for e in entries]}, indent=2))
+        return
+    now = time.time()
+    for e in entries:
+        note = f"  ({e.problem})" if e.problem else ""
+        click.echo(f"{e.key[:16]}  {_human_bytes(e.size_bytes):>10}  {_ago(now - e.last_used):>8}  {e.kernel}{note}")
+    click.echo(f"{len(entries)} entries, {_human_bytes(total)} in {cache.root}")
+
+
+@cache_group.command("show")
+@click.argument("key")
+@click.option("--json", "as_json", is_flag=True)
+def cache_show(key, as_json):
+    """Show one entry (KEY may be a unique prefix) and check its hashes."""
+    cache = KernelCache()
+    try:
+        e = _cache_call(cache.find, key)
+    except KeyError as exc:
+        raise click.ClickException(exc.args[0]) from None
+    try:
+        read_entry(e.path, e.key, check_source=True)
+        problem = None
+    except (UnsafeError, CorruptEntry, OSError) as exc:
+        problem = str(exc)
+    files = {}
+    if not e.path.is_symlink() and e.path.is_dir():     # never list through a link
+        with os.scandir(e.path) as items:
+            files = {f.name: f.stat(follow_symlinks=False).st_size for f in items}
+    if as_json:
+        click.echo(json.dumps({"key": e.key, "path": str(e.path), "status": "bad" if problem else "ok",
+                               "problem": problem, "files": files, "last_used": e.last_used,
+                               "meta": e.meta}, indent=2))
+        return
+    click.echo(f"{'key:':16} {e.key}\n{'path:':16} {e.path}\n{'status:':16} {'BAD: ' + problem if problem else 'ok'}")
+    for name, size in sorted(files.items()):
+        click.echo(f"{'file:':16} {name} ({_human_bytes(size)})")
+    for name, value in sorted((e.meta or {}).items()):
+        if name == "created" and isinstance(value, (int, float)):
+            value = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+        elif isinstance(value, (dict, list)):
+            value = json.dumps(value)
+        if name != "key":
+            click.echo(f"{name + ':':16} {value}")
+
+
+@cache_group.command("verify")
+@click.option("--json", "as_json", is_flag=True)
+def cache_verify(as_json):
+    """Re-hash every entry and name the bad ones (exit status 1 if any)."""
+    cache = KernelCache()
+    report = _cache_call(cache.verify)
+    bad = [(e, why) for e, why in report if why]
+    if as_json:
+        click.echo(json.dumps({"root": str(cache.root), "checked": len(report),
+                               "bad": [{"key": e.key, "kernel": e.kernel, "path": str(e.path), "reason": why}
+                                       for e, why in bad]}, indent=2))
+    else:
+        for e, why in bad:
+            click.echo(f"BAD  {e.key}  {e.kernel}: {why}")
+        click.echo(f"{len(report)} entries checked, {len(bad)} bad ({cache.root})")
+    if bad:
+        sys.exit(1)
+
+
+@cache_group.command("prune")
+@click.option("--older-than", type=DURATION, default=None, help="Remove entries unused for this long (30d, 12h, ...).")
+@click.option("--max-size", type=SIZE, default=None, help="Then remove the least recently used until this size (2G, 500M).")
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@click.option("--json", "as_json", is_flag=True)
+def cache_prune(older_than, max_size, dry_run, as_json):
+    """Remove old entries and temporary leftovers; never anything outside the cache root."""
+    if older_than is None and max_size is None:
+        raise click.UsageError("give --older-than and/or --max-size")
+    cache = KernelCache()
+    removed = _cache_call(cache.prune, older_than=older_than, max_size=max_size, dry_run=dry_run)
+    freed = sum(e.size_bytes for e in removed)
+    if as_json:
+        click.echo(json.dumps({"root": str(cache.root), "dry_run": dry_run, "freed_bytes": freed,
+                               "removed": [_entry_dict(e) for e in removed]}, indent=2))
+        return
+    verb = "would remove" if dry_run else "removed"
+    for e in removed:
+        click.echo(f"{verb}  {e.key[:16]}  {_human_bytes(e.size_bytes):>10}  {e.kernel}")
+    click.echo(f"{verb} {len(removed)} entries, {_human_bytes(freed)} ({cache.root})")
+
+
+@cache_group.command("clear")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def cache_clear(yes):
+    """Delete every cache entry (items jitgemm did not make are left alone)."""
+    cache = KernelCache()
+    entries = _cache_call(cache.entries)
+    if not yes:
+        click.confirm(f"Delete {len(entries)} entries ({_human_bytes(sum(e.size_bytes for e in entries))}) "
+                      f"under {cache.root}?", abort=True)
+    removed, unknown = _cache_call(cache.clear)
+    click.echo(f"removed {removed} entries from {cache.root}")
+    if unknown:
+        click.echo(f"left alone (not made by jitgemm): {', '.join(unknown)}", err=True)
+
+
+# ---- env ----
+
+def _driver_version() -> str:
+    from cuda.bindings import driver
+    version = runtime.check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def _try(fn):
+    try:
+        return fn(), None
+    except Exception as exc:      # every field of `env` is best effort
+        return None, f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def _package_version(name: str) -> str:
+    from importlib.metadata import version
+    return version(name)
+
+
+def _environment() -> dict:
+    cache = KernelCache()
+    nvrtc, nvrtc_error = _try(compiler.nvrtc_version)
+    driver_version, driver_error = _try(_driver_version)
+    bindings, _ = _try(lambda: _package_version("cuda-bindings"))
+    gpus = []
+    for i in range(runtime.device_count()):
+        info, error = _try(lambda i=i: runtime.device_info(i))
+        gpus.append({"ordinal": i, "error": error} if info is None else
+                    {"ordinal": i, "name": info.name, "arch": info.arch, "num_sms": info.num_sms,
+                     "compute_capability": list(info.compute_capability)})
+    try:
+        entries = cache.entries()
+        status = "ok" if cache.root.exists() else "not created yet"
+    except (UnsafeError, OSError) as exc:
+        entries, status = [], f"not used: {exc}"
+    return {
+        "jitgemm": __version__,
+        "python": sys.version.split()[0],
+        "cuda_bindings": bindings,
+        "nvrtc": nvrtc, "nvrtc_error": nvrtc_error,
+        "driver": driver_version, "driver_error": driver_error,
+        "gpus": gpus,
+        "cache": {"root": str(cache.root), "status": status, "entries": len(entries),
+                  "bytes": sum(e.size_bytes for e in entries)},
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("JITGEMM_")},
+    }
+
+
+@main.command("env")
+@click.option("--json", "as_json", is_flag=True)
+def env(as_json):
+    """Versions, GPUs, the cache and the JITGEMM_* variables in effect."""
+    info = _environment()
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"jitgemm        {info['jitgemm']} (Python {info['python']})")
+    click.echo(f"cuda-bindings  {info['cuda_bindings'] or 'not installed'}")
+    click.echo(f"NVRTC          {info['nvrtc'] or 'unavailable: ' + str(info['nvrtc_error'])}")
+    click.echo(f"driver         {info['driver'] or 'unavailable: ' + str(info['driver_error'])}")
+    if not info["gpus"]:
+        click.echo("GPUs           none found")
+    for g in info["gpus"]:
+        described = (f"{g['name']}, {g['arch']}, {g['num_sms']} SMs" if "name" in g else f"error: {g['error']}")
+        click.echo(f"GPU {g['ordinal']}          {described}")
+    c = info["cache"]
+    click.echo(f"cache          {c['root']} ({c['status']}): {c['entries']} entries, {_human_bytes(c['bytes'])}")
+    for k, v in info["env"].items():
+        click.echo(f"{k}={v}")
+    if not info["env"]:
+        click.echo("no JITGEMM_* variables set")
+
+
+if __name__ == "__main__":
+    main()

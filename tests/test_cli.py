@@ -1,0 +1,465 @@
+"""CPU tests of the `jitgemm` command line: precompile, cache, env and explain, end to end."""
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from jitgemm import cli, compiler, heuristics, kernels
+from jitgemm.cache import CUBIN_FILE, KernelCache
+from jitgemm.config import KernelConfig
+from jitgemm.heuristics import DeviceSpec
+from jitgemm.problem import LAYOUTS, Problem
+
+SMALL = KernelConfig(block_m=64, num_consumers=1, block_n=64, num_stages=4)
+SMALL5 = KernelConfig(block_m=64, num_consumers=1, block_n=64, num_stages=5)
+H200 = DeviceSpec("sm_90a", 132)
+TARGET = ["--arch", "sm_90a", "--num-sms", "132"]
+
+
+def invoke(*args, input=None):
+    """Run the CLI in-process; an exception the CLI did not turn into a message fails the test."""
+    return CliRunner(catch_exceptions=False).invoke(cli.main, [str(a) for a in args], input=input)
+
+
+def invoke_json(*args):
+    result = invoke(*args, "--json")
+    return result, json.loads(result.stdout)
+
+
+def expected_kernels(shapes, dtype="bf16", layout="nt", device=H200):
+    a_major, b_major = LAYOUTS[layout]
+    return {heuristics.select(Problem(m, n, k, dtype, dtype, a_major, b_major), device) for m, n, k in shapes}
+
+
+def kernel_configs(summary):
+    return {KernelConfig.from_dict(r["config"]) for r in summary["kernels"]}
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory):
+    """A cache holding two small kernels, built once; tests copy it."""
+    root = tmp_path_factory.mktemp("seeded") / "cache"
+    keys = [kernels.build(cfg, KernelCache(root)).cache.key for cfg in (SMALL, SMALL5)]
+    return SimpleNamespace(root=root, keys=keys)
+
+
+@pytest.fixture
+def warm_cache(tmp_cache, seeded):
+    shutil.copytree(seeded.root, tmp_cache, symlinks=True)
+    return tmp_cache
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(cli, "_local_gpu", lambda: None)
+
+
+# ---- option parsing ----
+
+def test_int_lists_and_ranges():
+    assert cli.parse_int_list("1,128,4096") == [1, 128, 4096]
+    assert cli.parse_int_list("128:512:128") == [128, 256, 384, 512]
+    assert cli.parse_int_list("1:3, 2,8") == [1, 2, 3, 8]
+    assert cli.parse_int_list("100:130:16") == [100, 116]
+    for bad in ("0", "a", "5:1", "1:2:0", "1:2:3:4", "", "4,,5", "-3"):
+        with pytest.raises(ValueError):
+            cli.parse_int_list(bad)
+
+
+def test_durations_and_sizes():
+    assert cli.parse_duration("30d") == 30 * 86400
+    assert cli.parse_duration("1.5h") == 5400
+    assert cli.parse_size("2G") == 2 << 30
+    assert cli.parse_size("500MiB") == 500 << 20
+    assert cli.parse_size("4096") == 4096
+    for bad in ("30", "d", "3y"):
+        with pytest.raises(ValueError):
+            cli.parse_duration(bad)
+    for bad in ("2X", "", "G"):
+        with pytest.raises(ValueError):
+            cli.parse_size(bad)
+
+
+def test_bad_options_name_the_option(tmp_cache):
+    result = invoke("precompile", "--m", "0", "--n", "8", "--k", "8")
+    assert result.exit_code == 2 and "--m" in result.stderr and "positive" in result.stderr
+    result = invoke("precompile", "--m", "8", "--k", "8")
+    assert result.exit_code == 2 and "--n" in result.stderr
+    result = invoke("precompile", "--config", '{"block_q": 1}')
+    assert result.exit_code == 2 and "--config" in result.stderr and "block_q" in result.stderr
+    result = invoke("cache", "prune", "--older-than", "soon")
+    assert result.exit_code == 2 and "--older-than" in result.stderr
+    result = invoke("precompile")
+    assert result.exit_code == 2 and "no shapes" in result.stderr
+
+
+# ---- precompile ----
+
+def test_precompile_compiles_once_then_hits(tmp_cache):
+    shapes = [(m, 512, 1024) for m in (64, 128)]
+    args = ["precompile", "--m", "64,128", "--n", "512", "--k", "1024", "--jobs", "2", *TARGET]
+    result, summary = invoke_json(*args)
+    assert result.exit_code == 0, result.output
+    assert kernel_configs(summary) == expected_kernels(shapes)
+    assert summary["shapes"] == 2 and summary["cache_root"] == str(tmp_cache)
+    assert summary["compiled"] == len(summary["kernels"]) and summary["hits"] == 0
+    for r in summary["kernels"]:
+        assert r["status"] == "compiled" and r["cached"] and r["compile_seconds"] > 0
+        assert (tmp_cache / r["key"] / CUBIN_FILE).is_file()
+    assert sorted(sum(([p["m"] for p in r["problems"]] for r in summary["kernels"]), [])) == [64, 128]
+
+    result, again = invoke_json(*args)
+    assert result.exit_code == 0
+    assert again["compiled"] == 0 and again["hits"] == len(summary["kernels"])
+    assert {r["key"] for r in again["kernels"]} == {r["key"] for r in summary["kernels"]}
+
+    text = invoke(*args)
+    assert text.exit_code == 0 and "0 compiled" in text.stdout
+
+
+def test_precompile_without_a_gpu_targets_sm90a_with_a_note(tmp_cache, no_gpu):
+    result, summary = invoke_json("precompile", "--m", "64", "--n", "512", "--k", "1024", "--dry-run")
+    assert result.exit_code == 0
+    assert summary["arch"] == "sm_90a" and summary["num_sms"] == 132
+    assert "no CUDA GPU" in result.stderr and "sm_90a" in result.stderr
+
+
+SHAPES = [(1, 4096, 4096), (64, 4096, 4096), (4096, 4096, 4096), (128, 7168, 2048), (128, 7168, 2048)]
+
+
+@pytest.mark.parametrize("fmt", ["txt", "csv-header", "csv-bare", "json-lists", "json-objects"])
+def test_dry_run_maps_a_shape_file_to_distinct_kernels(tmp_cache, tmp_path, fmt):
+    if fmt == "txt":
+        path = tmp_path / "shapes.txt"
+        path.write_text("# M N K\n\n" + "\n".join(f"{m} {n} {k}  # layer" for m, n, k in SHAPES) + "\n")
+    elif fmt == "csv-header":
+        path = tmp_path / "shapes.csv"
+        path.write_text("name,m,n,k\n" + "\n".join(f"l{i},{m},{n},{k}" for i, (m, n, k) in enumerate(SHAPES)))
+    elif fmt == "csv-bare":
+        path = tmp_path / "shapes.csv"
+        path.write_text("\n".join(f"{m},{n},{k}" for m, n, k in SHAPES))
+    elif fmt == "json-lists":
+        path = tmp_path / "shapes.json"
+        path.write_text(json.dumps([list(s) for s in SHAPES]))
+    else:
+        path = tmp_path / "shapes.json"
+        path.write_text(json.dumps({"shapes": [{"m": m, "n": n, "k": k, "name": "x"} for m, n, k in SHAPES]}))
+    result, summary = invoke_json("precompile", path, "--dry-run", *TARGET)
+    assert result.exit_code == 0, result.output
+    assert summary["dry_run"] and summary["shapes"] == len(set(SHAPES))
+    assert kernel_configs(summary) == expected_kernels(SHAPES)
+    assert {r["status"] for r in summary["kernels"]} == {"miss"}
+    assert not tmp_cache.exists()      # a dry run compiles and writes nothing
+
+
+def test_shape_file_entries_may_set_dtype_and_layout(tmp_cache, tmp_path):
+    path = tmp_path / "shapes.json"
+    path.write_text(json.dumps([{"m": 256, "n": 1024, "k": 512, "dtype": "fp16", "layout": "tn"},
+                                [256, 1024, 512]]))
+    result, summary = invoke_json("precompile", path, "--dry-run", *TARGET)
+    assert result.exit_code == 0
+    problems = sorted((p["dtype"], p["layout"]) for r in summary["kernels"] for p in r["problems"])
+    assert problems == [("bf16", "nt"), ("fp16", "tn")]
+    want = expected_kernels([(256, 1024, 512)]) | expected_kernels([(256, 1024, 512)], "fp16", "tn")
+    assert kernel_configs(summary) == want
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("s.txt", "1 2 3\n4 5\n", "s.txt:2"),
+    ("s.txt", "1 2 x\n", "s.txt:1"),
+    ("s.csv", "m,n,k\n1,2\n", "s.csv:2"),
+    ("s.json", '[{"m": 1, "n": 2, "k": 3, "batch": 4}]', "batch"),
+    ("s.json", '[{"m": 1, "n": 2}]', "missing k"),
+    ("s.json", "{oops", "not valid JSON"),
+    ("s.json", '[{"m": 8, "n": 8, "k": 8, "layout": "xx"}]', "shape 8 8 8: layout"),
+    ("s.json", '[{"m": 8, "n": 8, "k": 9, "dtype": "fp8"}]', "shape 8 8 9: Problem.dtype"),
+])
+def test_shape_file_errors_name_the_place(tmp_cache, tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    result = invoke("precompile", path, "--dry-run", *TARGET)
+    assert result.exit_code == 2 and message in result.stderr
+
+
+def test_precompile_reports_a_failing_kernel_and_builds_the_rest(tmp_cache, monkeypatch):
+    shapes = [(64, 512, 1024), (4096, 4096, 4096)]
+    configs = sorted(expected_kernels(shapes), key=lambda c: c.name)
+    assert len(configs) == 2
+    bad = configs[0]
+    real_build = kernels.build
+
+    def build(config, cache=None, problem=None):
+        if config == bad:
+            raise compiler.CompileError("NVRTC failed to compile it:\nerror: boom")
+        return real_build(config, cache, problem)
+
+    monkeypatch.setattr(kernels, "build", build)
+    result, summary = invoke_json("precompile", "--m", "64,4096", "--n", "512,4096", "--k", "1024,4096",
+                                  *TARGET)
+    assert result.exit_code == 1
+    status = {KernelConfig.from_dict(r["config"]): r for r in summary["kernels"]}
+    assert status[bad]["status"] == "error" and "boom" in status[bad]["error"]
+    assert status[configs[1]]["status"] == "compiled"
+    assert summary["failed"] == 1
+
+
+def test_precompile_fails_when_nothing_can_be_stored(tmp_cache):
+    tmp_cache.write_text("a file where the cache root should be")
+    result, summary = invoke_json("precompile", "--m", "64", "--n", "512", "--k", "1024", *TARGET)
+    assert result.exit_code == 1
+    assert summary["uncached"] == len(summary["kernels"]) == 1 and not summary["kernels"][0]["cached"]
+    assert "warning" in result.stderr and "cannot be written" in result.stderr
+
+
+def test_precompile_for_sm100_succeeds_or_fails_cleanly(tmp_cache):
+    # The sm_100a template and heuristics are being written; either way there is no traceback.
+    result = invoke("precompile", "--m", "128", "--n", "512", "--k", "1024", "--arch", "sm_100a", "--dry-run")
+    assert result.exit_code in (0, 1)
+    if result.exit_code == 1:
+        assert "error" in result.stderr.lower()
+
+
+def test_precompile_refuses_to_compile_offline(tmp_cache, monkeypatch):
+    monkeypatch.setenv("JITGEMM_OFFLINE", "1")
+    result = invoke("precompile", "--m", "64", "--n", "512", "--k", "1024", *TARGET)
+    assert result.exit_code == 1 and "JITGEMM_OFFLINE" in result.stderr
+    assert invoke("precompile", "--m", "64", "--n", "512", "--k", "1024", "--dry-run", *TARGET).exit_code == 0
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["exact-config", "shape"])
+def test_the_offline_error_commands_build_the_missing_kernel(tmp_cache, monkeypatch, no_gpu, which):
+    problem = Problem(64, 512, 1024)
+    config = heuristics.select(problem, H200)
+    monkeypatch.setenv("JITGEMM_OFFLINE", "1")
+    with pytest.raises(kernels.OfflineError) as info:
+        kernels.build(config, problem=problem)
+    commands = [line.strip() for line in str(info.value).splitlines() if line.strip().startswith("jitgemm ")]
+    assert len(commands) == 2
+    monkeypatch.delenv("JITGEMM_OFFLINE")
+    result = invoke(*shlex.split(commands[which])[1:])
+    assert result.exit_code == 0, result.output
+    monkeypatch.setenv("JITGEMM_OFFLINE", "1")
+    assert kernels.build(config, problem=problem).cache.hit
+
+
+# ---- cache commands ----
+
+def test_cache_dir_prints_the_root(tmp_cache):
+    assert invoke("cache", "dir").stdout.strip() == str(tmp_cache)
+
+
+def test_cache_list_sorts_and_reports_json(warm_cache, seeded):
+    small, small5 = seeded.keys
+    now = time.time()
+    os.utime(warm_cache / small, (now - 7200, now - 7200))
+    os.utime(warm_cache / small5, (now - 60, now - 60))
+    result, listing = invoke_json("cache", "list")
+    assert result.exit_code == 0
+    assert listing["root"] == str(warm_cache) and listing["count"] == 2
+    assert [e["key"] for e in listing["entries"]] == [small5, small]        # most recently used first
+    assert all(e["size_bytes"] > 0 and e["problem"] is None for e in listing["entries"])
+    assert listing["total_bytes"] == sum(e["size_bytes"] for e in listing["entries"])
+    assert KernelConfig.from_dict(listing["entries"][1]["config"]) == SMALL
+    _, by_size = invoke_json("cache", "list", "--sort", "size")
+    sizes = [e["size_bytes"] for e in by_size["entries"]]
+    assert sizes == sorted(sizes, reverse=True)
+    text = invoke("cache", "list").stdout
+    assert small[:16] in text and "2 entries" in text
+
+
+def test_cache_show_accepts_a_prefix(warm_cache, seeded):
+    key = seeded.keys[0]
+    result, shown = invoke_json("cache", "show", key[:10])
+    assert result.exit_code == 0
+    assert shown["key"] == key and shown["status"] == "ok" and shown["meta"]["key"] == key
+    assert set(shown["files"]) == {"kernel.cu", "kernel.cubin", "meta.json"}
+    assert key in invoke("cache", "show", key).stdout
+    missing = invoke("cache", "show", "ffff" if not key.startswith("ffff") else "0000")
+    assert missing.exit_code == 1 and "no cache entry" in missing.stderr
+    assert invoke("cache", "show", "xyz").exit_code == 1
+
+
+def test_cache_verify_names_the_bad_entries(warm_cache, seeded):
+    result, report = invoke_json("cache", "verify")
+    assert result.exit_code == 0 and report["checked"] == 2 and report["bad"] == []
+    cubin = warm_cache / seeded.keys[1] / CUBIN_FILE
+    cubin.write_bytes(bytes(cubin.stat().st_size))
+    result, report = invoke_json("cache", "verify")
+    assert result.exit_code == 1
+    assert [b["key"] for b in report["bad"]] == [seeded.keys[1]] and "sha256" in report["bad"][0]["reason"]
+    text = invoke("cache", "verify")
+    assert text.exit_code == 1 and f"BAD  {seeded.keys[1]}" in text.stdout and "1 bad" in text.stdout
+
+
+def test_cache_prune_by_age_and_size(warm_cache, seeded):
+    small, small5 = seeded.keys
+    now = time.time()
+    old = now - 40 * 86400
+    os.utime(warm_cache / small, (old, old))
+    stale_tmp, fresh_tmp = warm_cache / ".tmp-stale", warm_cache / ".tmp-fresh"
+    stale_tmp.mkdir()
+    fresh_tmp.mkdir()
+    os.utime(stale_tmp, (now - 7200, now - 7200))
+
+    result, plan = invoke_json("cache", "prune", "--older-than", "30d", "--dry-run")
+    assert result.exit_code == 0 and plan["dry_run"] and [e["key"] for e in plan["removed"]] == [small]
+    assert (warm_cache / small).exists() and stale_tmp.exists()
+
+    result, done = invoke_json("cache", "prune", "--older-than", "30d")
+    assert [e["key"] for e in done["removed"]] == [small] and done["freed_bytes"] > 0
+    assert not (warm_cache / small).exists() and (warm_cache / small5).exists()
+    assert not stale_tmp.exists() and fresh_tmp.exists()
+
+    result, done = invoke_json("cache", "prune", "--max-size", "1K")
+    assert [e["key"] for e in done["removed"]] == [small5]
+    assert KernelCache(warm_cache).entries() == []
+    assert invoke("cache", "prune").exit_code == 2
+
+
+def test_cache_prune_drops_least_recently_used_first(warm_cache, seeded):
+    small, small5 = seeded.keys
+    now = time.time()
+    os.utime(warm_cache / small5, (now - 3600, now - 3600))
+    size = max(e.size_bytes for e in KernelCache(warm_cache).entries())
+    result, done = invoke_json("cache", "prune", "--max-size", str(size))
+    assert [e["key"] for e in done["removed"]] == [small5]
+    assert (warm_cache / small).exists()
+
+
+def test_clear_never_deletes_outside_the_root(warm_cache, seeded, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("keep me")
+    (warm_cache / "link-to-outside").symlink_to(outside, target_is_directory=True)
+    (warm_cache / ("ab" * 32)).symlink_to(outside, target_is_directory=True)       # named like an entry
+    (warm_cache / seeded.keys[0] / "evil").symlink_to(outside, target_is_directory=True)
+    (warm_cache / "notes.txt").write_text("mine")
+
+    aborted = invoke("cache", "clear", input="n\n")
+    assert aborted.exit_code == 1 and (warm_cache / seeded.keys[0]).exists()
+
+    result = invoke("cache", "clear", "--yes")
+    assert result.exit_code == 0 and "removed 3 entries" in result.stdout
+    assert (outside / "precious.txt").read_text() == "keep me"
+    assert sorted(p.name for p in warm_cache.iterdir()) == ["link-to-outside", "notes.txt"]
+    assert "link-to-outside" in result.stderr and "notes.txt" in result.stderr
+
+
+def test_prune_and_clear_refuse_a_symlinked_root(tmp_path, seeded, monkeypatch):
+    real = tmp_path / "real"
+    shutil.copytree(seeded.root, real)
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    monkeypatch.setenv("JITGEMM_CACHE_DIR", str(link))
+    for args in (("clear", "--yes"), ("prune", "--max-size", "0")):
+        result = invoke("cache", *args)
+        assert result.exit_code == 1 and "symlink" in result.stderr
+    assert len(KernelCache(real).entries()) == 2
+
+
+def test_prune_does_not_follow_a_symlinked_failed_dir(warm_cache, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x.cu").write_text("keep me")
+    os.utime(outside / "x.cu", (0, 0))
+    (warm_cache / "failed").symlink_to(outside, target_is_directory=True)
+    invoke("cache", "prune", "--older-than", "1d")
+    assert (outside / "x.cu").read_text() == "keep me"
+
+
+# ---- env ----
+
+def test_env_reports_versions_cache_and_variables(warm_cache, monkeypatch):
+    monkeypatch.setenv("JITGEMM_OFFLINE", "0")
+    result, info = invoke_json("env")
+    assert result.exit_code == 0
+    assert info["jitgemm"] == __import__("jitgemm").__version__
+    assert info["nvrtc"] == compiler.nvrtc_version() and info["cuda_bindings"]
+    assert info["cache"]["root"] == str(warm_cache) and info["cache"]["entries"] == 2
+    assert info["cache"]["bytes"] > 0
+    assert info["env"] == {"JITGEMM_CACHE_DIR": str(warm_cache), "JITGEMM_OFFLINE": "0"}
+    assert isinstance(info["gpus"], list)
+    assert info["driver"] or info["driver_error"]
+    text = invoke("env").stdout
+    assert "NVRTC" in text and str(warm_cache) in text and "JITGEMM_OFFLINE=0" in text
+
+
+# ---- explain ----
+
+STUB_REPORT = {
+    "problem": {"m": 128, "n": 7168, "k": 2048},
+    "device": {"arch": "sm_90a", "num_sms": 100},
+    "chosen": SMALL.to_dict(),
+    "candidates": [{"config": SMALL.to_dict(), "cost": 12.5, "waves": 2},
+                   {"config": SMALL5.to_dict(), "cost": 13.25, "waves": 3}],
+    "rejected": [{"config": "m256n256", "rule": "register budget exceeded"}],
+    "model": "stub",
+}
+
+
+def test_explain_calls_the_heuristics_and_renders_its_report(monkeypatch, no_gpu):
+    calls = []
+
+    def stub(problem, device, top=5):
+        calls.append((problem, device, top))
+        return STUB_REPORT
+
+    monkeypatch.setattr(heuristics, "explain", stub, raising=False)
+    result = invoke("explain", 128, 7168, 2048, "--dtype", "fp16", "--layout", "tn", "--num-sms", 100)
+    assert result.exit_code == 0
+    assert calls == [(Problem(128, 7168, 2048, "fp16", "fp16", "M", "K"), DeviceSpec("sm_90a", 100), 5)]
+    text = result.stdout
+    assert SMALL.name in text and SMALL5.name in text and "12.5" in text and "waves=2" in text
+    assert "register budget exceeded" in text and "model" in text
+    assert text.index(SMALL.name) < text.index(SMALL5.name)
+
+    result, report = invoke_json("explain", 128, 7168, 2048, "--out-dtype", "fp32", "--arch", "sm_90a")
+    assert report == STUB_REPORT
+    assert calls[-1][0].out_dtype == "fp32" and calls[-1][1] == DeviceSpec("sm_90a", 132)
+
+
+def test_explain_errors_are_clean(monkeypatch, no_gpu):
+    def fails(problem, device, top=5):
+        raise ValueError("no heuristics for this")
+    monkeypatch.setattr(heuristics, "explain", fails, raising=False)
+    result = invoke("explain", 1, 2, 3)
+    assert result.exit_code == 1 and "no heuristics for this" in result.stderr
+    monkeypatch.delattr(heuristics, "explain")
+    result = invoke("explain", 1, 2, 3)
+    assert result.exit_code == 1 and "explain" in result.stderr
+    assert invoke("explain", 0, 2, 3).exit_code == 2
+
+
+def test_explain_with_the_real_heuristics():
+    if not hasattr(heuristics, "explain"):
+        pytest.skip("jitgemm.heuristics.explain is not written yet")
+    problem = Problem(128, 7168, 2048)
+    result, report = invoke_json("explain", 128, 7168, 2048, *TARGET)
+    assert result.exit_code == 0
+    assert KernelConfig.from_dict(report["chosen"]) == heuristics.select(problem, H200)
+    text = invoke("explain", 128, 7168, 2048, *TARGET).stdout
+    assert heuristics.select(problem, H200).name in text
+
+
+# ---- the installed console script ----
+
+def test_console_script_end_to_end(tmp_cache):
+    exe = shutil.which("jitgemm")
+    base = [exe] if exe else [sys.executable, "-m", "jitgemm.cli"]
+    env = dict(os.environ, JITGEMM_CACHE_DIR=str(tmp_cache))
+    run = lambda *args: subprocess.run(base + list(args), env=env, capture_output=True, text=True, timeout=300)
+    out = run("precompile", "--m", "64", "--n", "512", "--k", "1024", *TARGET, "--json")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    listing = json.loads(run("cache", "list", "--json").stdout)
+    assert [e["key"] for e in listing["entries"]] == [r["key"] for r in summary["kernels"]]
+    assert run("cache", "verify").returncode == 0
+    assert run("--version").stdout.strip().endswith(__import__("jitgemm").__version__)

@@ -1,0 +1,309 @@
+"""The input contract of jitgemm.gemm, on the CPU (issue 6).
+
+Device arrays are small fake objects exposing ``__cuda_array_interface__``; their device is
+derived from the fake pointer (the one driver query gemm makes for such arrays is replaced).
+Every step of gemm that would touch the GPU is replaced by a tripwire, so a bad input must be
+rejected with TypeError/ValueError before any of them; valid inputs must reach the tripwire.
+"""
+import numpy as np
+import pytest
+
+import jitgemm
+from jitgemm import api, launch, operands
+from jitgemm.heuristics import DeviceSpec
+
+DEVICE_BITS = 44          # fake pointers: device ordinal in the bits above this
+
+
+class ReachedGPU(Exception):
+    """gemm got past validation and asked for the GPU."""
+
+
+def _tripwire(*args, **kwargs):
+    raise ReachedGPU
+
+
+_next_ptr = {}
+
+
+def fake_ptr(device: int, nbytes: int) -> int:
+    base = (device + 1) << DEVICE_BITS
+    ptr = _next_ptr.get(device, base + 4096)
+    _next_ptr[device] = ptr + -(-max(nbytes, 1) // 4096) * 4096 + 4096
+    return ptr
+
+
+class FakeCAI:
+    """A device array as seen through ``__cuda_array_interface__`` only."""
+    TYPESTR = {"fp16": "<f2", "fp32": "<f4", "f64": "<f8", "i8": "|i1", "bf16": "<V2"}
+    ITEMSIZE = {"fp16": 2, "fp32": 4, "f64": 8, "i8": 1, "bf16": 2}
+
+    def __init__(self, shape, dtype="fp16", strides=None, device=0, ptr=None, **extra):
+        itemsize = self.ITEMSIZE[dtype]
+        if ptr is None:
+            span = itemsize * (1 + sum((n - 1) * abs(s) for n, s in zip(shape, strides))) if strides \
+                else itemsize * int(np.prod(shape))
+            ptr = fake_ptr(device, span)
+        self.dtype = "bfloat16" if dtype == "bf16" else None
+        self.ptr, self.shape, self.itemsize = ptr, tuple(shape), itemsize
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape), "typestr": self.TYPESTR[dtype], "data": (ptr, False),
+            "strides": None if strides is None else tuple(s * itemsize for s in strides),
+            "version": 3, "stream": None, **extra}
+
+    def window(self, offset_elements, shape, strides, dtype="fp16"):
+        """Another fake viewing this one's memory."""
+        return FakeCAI(shape, dtype, strides, ptr=self.ptr + offset_elements * self.itemsize)
+
+
+class Opaque:
+    """Not an array at all."""
+
+
+@pytest.fixture(autouse=True)
+def cpu_only(monkeypatch):
+    monkeypatch.setattr(operands, "pointer_device", lambda ptr: (ptr >> DEVICE_BITS) - 1)
+    monkeypatch.setattr(api, "device_spec", lambda ordinal: DeviceSpec("sm_90a", 132))
+    for name in ("_on_device", "_current_device", "stream_wait"):
+        monkeypatch.setattr(api, name, _tripwire)
+    monkeypatch.setattr(launch, "stream_is_capturing", _tripwire)
+    monkeypatch.setattr(api.kernels, "get", _tripwire)
+
+
+M, N, K = 64, 48, 32
+
+
+def dev(shape, dtype="fp16", **kw):
+    return FakeCAI(shape, dtype, **kw)
+
+
+def host(shape, dtype=np.float16):
+    return np.ones(shape, dtype)
+
+
+def overlapping_out():
+    a = dev((M, K + N), strides=(K + N, 1))
+    return {"a": a.window(0, (M, K), (K + N, 1)), "out": a.window(K - 8, (M, N), (K + N, 1))}
+
+
+def base(**over):
+    args = {"a": dev((M, K)), "b": dev((K, N))}
+    args.update(over)
+    return args
+
+
+def wrong_config():
+    """A valid KernelConfig, but for bfloat16 inputs (the fakes are float16)."""
+    return jitgemm.KernelConfig(dtype="bf16", out_dtype="bf16")
+
+
+BAD = [
+    # (id, arguments, exception, words the message must contain: the argument first)
+    ("a-not-array", lambda: base(a=[[1.0, 2.0]]), TypeError, ["a:", "got list"]),
+    ("b-not-array", lambda: base(b=Opaque()), TypeError, ["b:", "got Opaque"]),
+    ("out-not-array", lambda: base(out="x"), TypeError, ["out:", "got str"]),
+    ("c-not-array", lambda: base(c=3.0), TypeError, ["c:", "got float"]),
+    ("a-1d", lambda: base(a=dev((M,))), ValueError, ["a:", "2-D", "1-D"]),
+    ("b-3d", lambda: base(b=dev((2, K, N))), ValueError, ["b:", "2-D", "3-D"]),
+    ("out-1d", lambda: base(out=dev((M * N,))), ValueError, ["out:", "2-D", "1-D"]),
+    ("inner-mismatch", lambda: base(b=dev((K + 1, N))), ValueError, ["b:", f"({K}, N)", f"({K + 1}, {N})"]),
+    ("a-float32", lambda: base(a=dev((M, K), "fp32"), b=dev((K, N), "fp32")), TypeError,
+     ["a:", "bfloat16 or float16", "float32"]),
+    ("a-float64", lambda: base(a=dev((M, K), "f64")), TypeError, ["a:", "unsupported dtype", "<f8"]),
+    ("b-int8", lambda: base(b=dev((K, N), "i8")), TypeError, ["b:", "unsupported dtype", "|i1"]),
+    ("mixed-dtypes", lambda: base(b=dev((K, N), "bf16")), TypeError, ["b:", "float16", "bfloat16"]),
+    ("b-other-device", lambda: base(b=dev((K, N), device=1)), ValueError, ["b:", "device 0", "device 1"]),
+    ("out-other-device", lambda: base(out=dev((M, N), device=1)), ValueError, ["out:", "device 0", "device 1"]),
+    ("c-other-device", lambda: base(c=dev((M, N), device=2)), ValueError, ["c:", "device 0", "device 2"]),
+    ("host-a-device-b", lambda: base(a=host((M, K))), ValueError, ["b:", "NumPy host array like a", "device array"]),
+    ("device-a-host-b", lambda: base(b=host((K, N))), ValueError, ["b:", "device array like a", "NumPy"]),
+    ("host-ab-device-out", lambda: base(a=host((M, K)), b=host((K, N)), out=dev((M, N))), ValueError,
+     ["out:", "NumPy host array"]),
+    ("device-ab-host-c", lambda: base(c=host((M, N))), ValueError, ["c:", "device array like a"]),
+    ("out-shape", lambda: base(out=dev((M, N + 1))), ValueError, ["out:", f"({M}, {N})", f"({M}, {N + 1})"]),
+    ("out-dtype", lambda: base(out=dev((M, N), "bf16")), TypeError, ["out:", "float16", "float32", "bfloat16"]),
+    ("out-vs-out_dtype", lambda: base(out=dev((M, N)), out_dtype="float32"), TypeError,
+     ["out:", "float32 (out_dtype)", "float16"]),
+    ("out-readonly", lambda: base(out=FakeCAI((M, N), data=(fake_ptr(0, M * N * 2), True))), ValueError,
+     ["out:", "writable", "read-only"]),
+    ("c-shape", lambda: base(c=dev((N, M))), ValueError, ["c:", f"({M}, {N})", f"({N}, {M})"]),
+    ("c-dtype", lambda: base(c=dev((M, N), "fp32")), TypeError, ["c:", "float16 (the output dtype)", "float32"]),
+    ("c-dtype-vs-out", lambda: base(out=dev((M, N), "fp32"), c=dev((M, N))), TypeError,
+     ["c:", "float32 (the output dtype)", "float16"]),
+    ("out-overlaps-a", lambda: base(**overlapping_out()), ValueError, ["out:", "overlaps a"]),
+    ("out-is-b", lambda: (lambda b: base(a=dev((K, K)), b=b, out=b))(dev((K, K))), ValueError,
+     ["out:", "overlaps b"]),
+    ("out-partly-c", lambda: (lambda buf: base(c=buf.window(0, (M, N), (N + 8, 1)),
+                                               out=buf.window(8, (M, N), (N + 8, 1))))(dev((M, N + 8))),
+     ValueError, ["out:", "partially overlaps c", "out=c"]),
+    ("a-broadcast", lambda: base(a=dev((M, K), strides=(0, 1))), ValueError, ["a:", "positive", "(0, 1)", "broadcast"]),
+    ("b-reversed", lambda: base(b=dev((K, N), strides=(-N, 1))), ValueError, ["b:", "positive", f"(-{N}, 1)"]),
+    ("c-broadcast-cols", lambda: base(c=dev((M, N), strides=(1, 0))), ValueError, ["c:", "positive"]),
+    ("out-odd-strides", lambda: base(out=_byte_strides(dev((M, N)), (2 * N + 1, 2))),
+     ValueError, ["out:", "multiples of the element size", f"({2 * N + 1}, 2) bytes"]),
+    ("cai-no-data", lambda: base(a=type("Bad", (), {"__cuda_array_interface__": {"shape": (M, K)}})()),
+     TypeError, ["a:", "'shape', 'typestr' and 'data'"]),
+    ("cai-version", lambda: base(b=FakeCAI((K, N), version=7)), ValueError, ["b:", "version 7"]),
+    ("cai-mask", lambda: base(b=FakeCAI((K, N), mask=object())), ValueError, ["b:", "mask"]),
+    ("cai-stream-0", lambda: base(a=FakeCAI((M, K), stream=0)), ValueError, ["a:", "'stream' must not be 0"]),
+    ("dlpack-host", lambda: base(b=type("HostDL", (), {"__dlpack__": lambda self, **kw: None,
+                                                        "__dlpack_device__": lambda self: (1, 0)})()),
+     ValueError, ["b:", "DLPack device type 1", "not CUDA memory"]),
+    ("out_dtype-int8", lambda: base(out_dtype="int8"), TypeError, ["out_dtype:", "float16", "float32", "'int8'"]),
+    ("out_dtype-other-half", lambda: base(out_dtype="bfloat16"), TypeError, ["out_dtype:", "float16", "'bfloat16'"]),
+    ("alpha-str", lambda: base(alpha="2"), TypeError, ["alpha:", "real number", "'2'"]),
+    ("beta-complex", lambda: base(beta=1j), TypeError, ["beta:", "real number", "complex"]),
+    ("alpha-none", lambda: base(alpha=None), TypeError, ["alpha:", "NoneType"]),
+    ("stream-str", lambda: base(stream="s0"), TypeError, ["stream:", "'s0'"]),
+    ("stream-negative", lambda: base(stream=-5), TypeError, ["stream:", "-5"]),
+    ("config-dict", lambda: base(config={"block_m": 128}), TypeError, ["config:", "KernelConfig", "dict"]),
+    ("config-mismatch", lambda: base(config=wrong_config()), ValueError, ["config:", "dtype", "bf16", "fp16"]),
+    ("numpy-float64", lambda: base(a=host((M, K), np.float64), b=host((K, N), np.float64)), TypeError,
+     ["a:", "unsupported dtype float64"]),
+    ("numpy-mismatch", lambda: base(a=host((M, K)), b=host((K + 3, N))), ValueError, ["b:", f"({K}, N)"]),
+    ("numpy-broadcast", lambda: base(a=np.broadcast_to(host((1, K)), (M, K)), b=host((K, N))), ValueError,
+     ["a:", "positive", "broadcast"]),
+    ("numpy-readonly-out", lambda: base(a=host((M, K)), b=host((K, N)), out=_readonly(host((M, N)))),
+     ValueError, ["out:", "read-only"]),
+    ("numpy-out-is-a", lambda: (lambda x: base(a=x, b=host((K, K)), out=x))(host((K, K))), ValueError,
+     ["out:", "overlaps a"]),
+]
+
+
+def _byte_strides(fake, strides):
+    fake.__cuda_array_interface__["strides"] = strides
+    return fake
+
+
+def _readonly(x):
+    x.flags.writeable = False
+    return x
+
+
+@pytest.mark.parametrize("make, exc, words", [case[1:] for case in BAD], ids=[case[0] for case in BAD])
+def test_bad_input_is_rejected_before_the_gpu(make, exc, words):
+    kwargs = make()
+    a, b = kwargs.pop("a"), kwargs.pop("b")
+    with pytest.raises(exc) as info:
+        jitgemm.gemm(a, b, **kwargs)
+    message = str(info.value)
+    assert message.startswith(words[0]), f"the message must name the argument first: {message}"
+    for word in words[1:]:
+        assert word in message, f"{word!r} missing from: {message}"
+
+
+GOOD = [
+    ("row-major", lambda: base()),
+    ("transposed-views", lambda: base(a=dev((M, K), strides=(1, M)), b=dev((K, N), strides=(1, K)))),
+    ("bf16", lambda: base(a=dev((M, K), "bf16"), b=dev((K, N), "bf16"))),
+    ("fp32-out", lambda: base(out=dev((M, N), "fp32"))),
+    ("out_dtype-float32", lambda: base(out_dtype=np.float32)),
+    ("c-alpha-beta", lambda: base(c=dev((M, N)), alpha=2, beta=np.float32(0.5))),
+    ("out-is-c", lambda: (lambda c: base(out=c, c=c))(dev((M, N)))),
+    ("strided-fallback", lambda: base(a=dev((M, K), strides=(2 * K, 2)))),
+    ("disjoint-columns-of-one-buffer", lambda: (lambda buf: base(a=buf.window(0, (M, K), (K + N, 1)),
+                                                                  out=buf.window(K, (M, N), (K + N, 1))))(
+        dev((M, K + N)))),
+    ("size-1-dims-any-stride", lambda: base(a=dev((1, K), strides=(0, 1)), b=dev((K, 1), strides=(1, 0)))),
+    ("stream-int", lambda: base(stream=7)),
+    ("stream-protocol", lambda: base(stream=type("S", (), {"__cuda_stream__": lambda self: (0, 99)})())),
+    ("config-that-fits", lambda: base(config=jitgemm.KernelConfig(dtype="fp16", out_dtype="fp16"))),
+]
+
+
+@pytest.mark.parametrize("make", [case[1] for case in GOOD], ids=[case[0] for case in GOOD])
+def test_valid_input_reaches_the_gpu(make):
+    """The other side of the table: valid inputs pass validation (and only then ask for the GPU)."""
+    kwargs = make()
+    with pytest.raises(ReachedGPU):
+        jitgemm.gemm(kwargs.pop("a"), kwargs.pop("b"), **kwargs)
+
+
+# ---- NumPy: empty problems are answered on the host, without a GPU ----
+@pytest.mark.parametrize("m, n", [(0, 5), (4, 0), (0, 0)])
+def test_numpy_zero_size_output(m, n):
+    res = jitgemm.gemm(np.ones((m, 3), np.float16), np.ones((3, n), np.float16))
+    assert isinstance(res, np.ndarray) and res.shape == (m, n) and res.dtype == np.float16
+
+
+def test_numpy_k0_gives_zeros():
+    out = np.full((4, 6), np.nan, np.float32)
+    res = jitgemm.gemm(np.ones((4, 0), np.float16), np.ones((0, 6), np.float16), out)
+    assert res is out and not out.any()
+
+
+def test_numpy_k0_gives_beta_c_and_accumulates_in_place():
+    c = np.arange(24, dtype=np.float16).reshape(4, 6)
+    res = jitgemm.gemm(np.ones((4, 0), np.float16), np.ones((0, 6), np.float16), c=c, beta=0.5, alpha=3.0)
+    assert res is not c and res.dtype == np.float16
+    np.testing.assert_array_equal(res, np.arange(24, dtype=np.float16).reshape(4, 6) * 0.5)
+    res = jitgemm.gemm(np.ones((4, 0), np.float16), np.ones((0, 6), np.float16), c, c=c, beta=2.0)
+    assert res is c
+    np.testing.assert_array_equal(c, np.arange(24, dtype=np.float16).reshape(4, 6) * 2)
+
+
+def test_numpy_k0_out_dtype():
+    res = jitgemm.gemm(np.ones((2, 0), np.float16), np.ones((0, 3), np.float16), out_dtype="float32")
+    assert res.dtype == np.float32 and res.shape == (2, 3) and not res.any()
+
+
+def test_numpy_bfloat16_k0():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = np.ones((2, 0), ml_dtypes.bfloat16)
+    res = jitgemm.gemm(a, np.ones((0, 3), ml_dtypes.bfloat16))
+    assert res.dtype == ml_dtypes.bfloat16 and res.shape == (2, 3)
+
+
+# ---- pieces of the contract that are plain functions ----
+@pytest.mark.parametrize("stream, handle", [
+    (0, 0), (12345, 12345),
+    (type("TorchLike", (), {"cuda_stream": 77})(), 77),
+    (type("CupyLike", (), {"ptr": 88})(), 88),
+    (type("Protocol", (), {"__cuda_stream__": lambda self: (0, 99)})(), 99),
+])
+def test_stream_handles(stream, handle):
+    assert api._stream_handle(stream) == handle
+
+
+@pytest.mark.parametrize("bad", [True, -1, 1.5, "0", None])
+def test_stream_handle_rejects(bad):
+    with pytest.raises(TypeError, match="^stream:"):
+        api._stream_handle(bad)
+
+
+@pytest.mark.parametrize("spelling", ["float32", "fp32", np.float32, np.dtype("float32")])
+def test_out_dtype_spellings(spelling):
+    assert api._out_dtype_name(spelling, "fp16") == "fp32"
+
+
+def _view(shape, strides, ptr=1 << 20, itemsize=2):
+    return operands.View(None, None, ptr, shape, strides, "fp16", itemsize, 0)
+
+
+@pytest.mark.parametrize("x, y, expected", [
+    (_view((4, 4), (8, 1)), _view((4, 4), (8, 1), ptr=(1 << 20) + 8), False),   # left and right halves
+    (_view((4, 4), (8, 1)), _view((4, 4), (8, 1), ptr=(1 << 20) + 6), True),    # one column shared
+    (_view((4, 4), (4, 1)), _view((4, 4), (1, 4)), True),                       # a buffer and its transpose
+    (_view((4, 4), (4, 1)), _view((4, 4), (4, 1), ptr=(1 << 20) + 32), False),  # back to back
+    (_view((0, 4), (4, 1)), _view((4, 4), (4, 1)), False),                      # empty
+])
+def test_overlaps_is_exact(x, y, expected):
+    assert operands.overlaps(x, y) is expected
+
+
+@pytest.mark.parametrize("shape, strides, ptr, ready", [
+    ((64, 32), (32, 1), 1 << 20, True),
+    ((64, 32), (32, 1), (1 << 20) + 2, False),     # misaligned base
+    ((64, 7), (8, 1), 1 << 20, False),             # ragged row: 14 bytes
+    ((64, 32), (36, 1), 1 << 20, False),           # leading stride 72 bytes
+    ((64, 32), (40, 1), 1 << 20, True),            # padded rows of 80 bytes
+])
+def test_tma_ready(shape, strides, ptr, ready):
+    assert operands.View(None, None, ptr, shape, strides, "fp16", 2, 0).tma_ready(1) is ready
+
+
+def test_fake_pointer_device_mapping_is_used():
+    """The fixture's pointer->device map is what gemm consults (the tripwire test above would
+    pass vacuously otherwise)."""
+    x = dev((4, 4), device=3)
+    assert operands.resolve_device(operands.describe(x, "x"), "x").device == 3

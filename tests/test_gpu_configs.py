@@ -1,0 +1,99 @@
+"""Forced kernel configurations on the GPU (issue 3): every knob value the heuristics can emit,
+checked against a float64 reference on fresh random data with NaN-poisoned, guarded outputs."""
+
+import dataclasses
+
+import pytest
+
+import jitgemm
+from gpu_helpers import assert_close, guard_untouched, guarded_out, random_operand
+from jitgemm.config import KernelConfig
+from jitgemm.layout import SMEM_CAPACITY, layout_of
+
+pytestmark = pytest.mark.gpu
+
+
+# (name, config knobs, (M, N, K)): shapes chosen so each knob meets its edge case.
+CASES = [
+    ("cluster1_2consumers_n256", dict(block_n=256, num_stages=3), (1000, 1000, 1000)),
+    ("cluster1_1consumer_m64", dict(block_m=64, num_consumers=1, block_n=128, num_stages=6), (200, 300, 500)),
+    ("m128_1consumer", dict(block_m=128, num_consumers=1, block_n=128, num_stages=5), (300, 700, 900)),
+    ("m256_2consumers", dict(block_m=256, num_consumers=2, block_n=128, num_stages=3), (1000, 600, 700)),
+    ("n112", dict(block_n=112, num_stages=5), (777, 1000, 600)),
+    ("n144", dict(block_n=144, num_stages=4), (700, 1000, 300)),
+    ("n208", dict(block_n=208, num_stages=3), (700, 1000, 300)),
+    # narrow tiles: an N-major B this narrow uses a 32- or 64-byte swizzle (16/32-wide pieces)
+    ("n16", dict(block_m=64, num_consumers=1, block_n=16, num_stages=8), (100, 100, 1000)),
+    ("n32", dict(block_m=64, num_consumers=1, block_n=32, num_stages=8), (100, 300, 1000)),
+    ("n48", dict(block_m=64, num_consumers=1, block_n=48, num_stages=8), (70, 500, 700)),
+    ("n48_splitk", dict(block_m=64, num_consumers=1, block_n=48, num_stages=8, split_k=3), (16, 1000, 3000)),
+    # multicast A: the pair shares the A tile along N; 5 column blocks -> the last pair is half empty
+    ("mcastA_odd_pairs", dict(block_n=128, num_stages=4, cluster_size=2, multicast="A"), (520, 5 * 128 - 3, 700)),
+    # multicast B: the pair shares the B tile along M; 3 row blocks -> odd
+    ("mcastB_odd_pairs", dict(block_n=128, num_stages=4, cluster_size=2, multicast="B"), (3 * 128 - 5, 600, 700)),
+    ("mcastA_n256_raster_n", dict(block_n=256, num_stages=3, cluster_size=2, multicast="A", raster="n", group_size=16), (2048, 2048, 1024)),
+    ("mcastB_1consumer", dict(block_m=128, num_consumers=1, block_n=128, num_stages=4, cluster_size=2, multicast="B"), (640, 384, 256)),
+    # K of one block, and fewer K blocks than stages
+    ("k_one_block", dict(block_n=128, num_stages=6), (512, 512, 64)),
+    ("k_fewer_than_stages", dict(block_n=128, num_stages=6), (512, 512, 3 * 64 - 5)),
+    # split-K: partial sums in fp32, the last split adds them in order
+    ("splitk4", dict(block_m=64, num_consumers=1, block_n=64, num_stages=8, split_k=4), (64, 1000, 4096)),
+    ("splitk3_uneven_k", dict(block_n=128, num_stages=5, split_k=3), (300, 520, 7 * 64 + 1)),
+    ("splitk_more_than_kblocks", dict(block_n=128, num_stages=4, split_k=8), (128, 256, 200)),
+    ("splitk_cluster", dict(block_n=128, num_stages=4, cluster_size=2, multicast="B", split_k=2), (3 * 128, 384, 2048)),
+]
+
+LAYOUTS = [("row", "row"), ("col", "col")]
+
+
+@pytest.fixture(scope="module")
+def gen():
+    import torch
+    return torch.Generator(device="cuda").manual_seed(4321)
+
+
+def forced_config(knobs, dtype, out_dtype, a_layout, b_layout, has_c=False):
+    """The table's knobs for this problem; a wider (fp32) output tile may cost pipeline stages."""
+    cfg = KernelConfig(dtype=dtype, out_dtype=out_dtype, a_major="K" if a_layout == "row" else "M",
+                       b_major="N" if b_layout == "row" else "K", has_c=has_c, **knobs)
+    while layout_of(cfg).smem_bytes > SMEM_CAPACITY["sm_90a"] and cfg.num_stages > 2:
+        cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+    return cfg
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["rr", "cc"])
+@pytest.mark.parametrize("name, knobs, shape", CASES, ids=[c[0] for c in CASES])
+def test_forced_config(name, knobs, shape, layout, gen):
+    m, n, k = shape
+    for dtype, out_dtype in (("bf16", "bf16"), ("fp16", "fp32")):
+        cfg = forced_config(knobs, dtype, out_dtype, *layout)
+        if cfg.num_stages < 3:
+            continue    # an fp32 tile this wide leaves too few stages: the heuristics never emit it
+        a = random_operand(m, k, dtype, layout[0], gen)
+        b = random_operand(k, n, dtype, layout[1], gen)
+        buf, out = guarded_out(m, n, out_dtype)
+        jitgemm.gemm(a, b, out=out, config=cfg)
+        import torch
+        torch.cuda.synchronize()
+        assert guard_untouched(buf, m, n), f"{cfg.name} wrote outside the output"
+        assert_close(out, a, b, out_dtype)
+        # Run again on fresh data into the same buffer: split-K counters must have been reset.
+        a2 = random_operand(m, k, dtype, layout[0], gen)
+        out.fill_(float("nan"))
+        jitgemm.gemm(a2, b, out=out, config=cfg)
+        assert_close(out, a2, b, out_dtype)
+
+
+@pytest.mark.parametrize("knobs", [CASES[0][1], CASES[8][1], CASES[15][1]], ids=["plain", "mcastA", "splitk"])
+def test_forced_config_with_c(knobs, gen):
+    import torch
+    m, n, k = 515, 5 * 128 - 3 + 3, 700
+    cfg = forced_config(knobs, "bf16", "fp32", "row", "row", has_c=True)
+    a = random_operand(m, k, "bf16", "row", gen)
+    b = random_operand(k, n, "bf16", "row", gen)
+    c = torch.randn(m, n, device="cuda", generator=gen)
+    buf, out = guarded_out(m, n, "fp32")
+    jitgemm.gemm(a, b, out=out, c=c, alpha=0.5, beta=-2.0, config=cfg)
+    torch.cuda.synchronize()
+    assert guard_untouched(buf, m, n)
+    assert_close(out, a, b, "fp32", c=c, alpha=0.5, beta=-2.0)

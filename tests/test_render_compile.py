@@ -1,0 +1,106 @@
+"""CPU tests of the sm_90a template: rendering, NVRTC compilation and the SASS it produces."""
+import re
+
+import jinja2
+import pytest
+
+from jitgemm import compiler
+from jitgemm.config import KernelConfig
+from jitgemm.layout import layout_of, structural_problems
+from jitgemm.render import kernel_name, render
+from jitgemm.sass import inspect_cubin
+
+# One config per template knob value: majors, dtypes, output dtypes, consumers, tile sizes,
+# cluster/multicast side and the C epilogue.
+KNOB_CONFIGS = [
+    KernelConfig(),
+    KernelConfig(dtype="fp16", out_dtype="fp16", a_major="M", b_major="K"),
+    KernelConfig(out_dtype="fp32", a_major="M", b_major="N", num_stages=5),
+    KernelConfig(block_m=64, num_consumers=1, block_n=112, num_stages=6, b_major="K"),
+    KernelConfig(block_m=256, block_n=128, num_stages=3, a_major="M", b_major="K"),
+    KernelConfig(block_n=208, num_stages=3, has_c=True),
+    KernelConfig(block_n=256, num_stages=3, cluster_size=2, multicast="A", a_major="M"),
+    KernelConfig(block_n=128, num_stages=4, cluster_size=2, multicast="B", b_major="N", raster="n"),
+]
+
+
+@pytest.mark.parametrize("cfg", KNOB_CONFIGS, ids=lambda c: c.name)
+def test_compiles_to_hgmma_without_spills(cfg):
+    source = render(cfg)
+    assert "#include" not in source, "templates must stay header-free for NVRTC"
+    result = compiler.compile_cubin(source, "sm_90a", name=f"{kernel_name(cfg)}.cu")
+    report = inspect_cubin(result.cubin)
+    assert report.mma_counts.get("HGMMA", 0) > 0, "no wgmma (HGMMA) in the SASS"
+    assert not report.spills, f"local memory use: stack={report.stack_bytes} LDL={report.local_loads} STL={report.local_stores}"
+    assert kernel_name(cfg) in report.sass
+    # The register split must have taken effect (ptxas reports C7508 otherwise, which fails the compile).
+    assert "USETMAXREG" in report.sass
+
+
+def test_rendering_is_deterministic_and_config_specific():
+    a, b = KNOB_CONFIGS[0], KNOB_CONFIGS[1]
+    assert render(a) == render(a)
+    assert render(a) != render(b)
+    src = render(KNOB_CONFIGS[3])   # block_n = 112
+    assert "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16" in src
+
+
+def test_transpose_flags_follow_operand_majors():
+    # wgmma reads K-major operands with transpose 0 and MN-major ones with transpose 1.
+    for a_major, b_major, flags in (("K", "K", "0, 0"), ("K", "N", "0, 1"), ("M", "K", "1, 0"), ("M", "N", "1, 1")):
+        src = render(KernelConfig(a_major=a_major, b_major=b_major))
+        assert re.search(r"p, 1, 1, " + flags + r";", src), (a_major, b_major)
+
+
+def test_multicast_kernels_use_cluster_features():
+    src = render(KNOB_CONFIGS[6])
+    assert "tma_load_multicast(" in src.split("TMA producer")[1]
+    assert "cluster_sync();" in src
+    plain = render(KNOB_CONFIGS[0])
+    assert "tma_load_multicast(dst" not in plain
+
+
+def test_strict_undefined_rejects_missing_variables():
+    from jitgemm.render import _environment
+    env = _environment()
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ missing_value }}").render()
+
+
+def test_compile_error_names_the_source():
+    with pytest.raises(compiler.CompileError, match="rendered source: /tmp/x.cu"):
+        compiler.compile_cubin("this is not C++", "sm_90a", source_path="/tmp/x.cu")
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(block_m=64, num_consumers=2), "multiple of 64 rows"),
+    (dict(cluster_size=2, multicast="none"), "needs multicast"),
+    (dict(block_n=192, cluster_size=2, multicast="B", b_major="N"), "even number of 64-wide pieces"),
+])
+def test_layout_rejects_configs_the_template_cannot_honour(bad, message):
+    cfg = KernelConfig(**bad)
+    assert any(message in p for p in structural_problems(cfg))
+    with pytest.raises(ValueError, match=message):
+        layout_of(cfg)
+
+
+def test_config_validation_messages():
+    with pytest.raises(ValueError, match="block_n must be a multiple of 16"):
+        KernelConfig(block_n=100)
+    with pytest.raises(ValueError, match="multicast needs cluster_size 2"):
+        KernelConfig(multicast="A")
+    with pytest.raises(ValueError, match="unknown KernelConfig fields"):
+        KernelConfig.from_dict({"block_q": 1})
+    cfg = KNOB_CONFIGS[5]
+    assert KernelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_layout_arithmetic():
+    lay = layout_of(KernelConfig(block_m=128, block_n=256, num_stages=3))
+    assert lay.stage_bytes == 128 * 128 + 256 * 128          # A and B tiles, 128 bytes per row
+    assert lay.smem_bytes <= 232448
+    assert lay.num_threads == 384 and lay.wg_m == 64
+    assert lay.acc_regs == 128
+    nn = layout_of(KernelConfig(block_n=208, b_major="N", num_stages=3))
+    assert nn.b.num_pieces == 4 and nn.b.tile_bytes == 4 * 64 * 128   # MN-major: 64-wide pieces
+    assert nn.out_swizzle == 32 and nn.num_out_pieces == 13           # 208 = 13 x 16 columns
