@@ -117,7 +117,9 @@ def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> Kerne
     taken from `select`'s choice, except those that follow from the ones given, which are
     re-derived by the same rules: num_consumers from block_m, cluster_size and multicast from each
     other (and no cluster when select's pairing does not fit the tile given), num_stages (as many
-    as fit) and the raster when the tile changes. arch comes from the
+    as fit) and split_k (the cost model's best for that tile) when the tile changes, and the
+    raster when the tile or split_k changes. `{"split_k": 4}` alone keeps select's tile and
+    splits its K range up to 4 ways; `{"split_k": 1}` turns split-K off. arch comes from the
     device and dtype, out_dtype, a_major, b_major, has_c from the problem: giving a different
     value is an error. Raises ValueError naming JITGEMM_CONFIG and the reasons.
     """
@@ -143,14 +145,18 @@ def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> Kerne
         cfg = KernelConfig(**merged)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{ENV_VAR}={text!r}: {exc}") from None
-    if device.arch == "sm_90a" and any(k in data for k in _TILE_FIELDS + ("out_dtype",)):
+    tile_changed = any(k in data for k in _TILE_FIELDS + ("out_dtype",))
+    if device.arch == "sm_90a" and (tile_changed or "split_k" in data):
         from jitgemm.layout import structural_problems
-        if structural_problems(cfg) and "cluster_size" not in data and "multicast" not in data:
+        if (tile_changed and structural_problems(cfg) and "cluster_size" not in data
+                and "multicast" not in data):
             # select's pairing does not fit the tile that was given: run without a cluster
             cfg = KernelConfig(**{**cfg.to_dict(), "cluster_size": 1, "multicast": "none"})
         if not structural_problems(cfg):
-            if "num_stages" not in data:
+            if tile_changed and "num_stages" not in data:
                 cfg, _ = sm90.with_stages(cfg, device)
+            if tile_changed and "split_k" not in data:
+                cfg = sm90.with_split(cfg, problem, device)   # select's split was for its own tile
             if "raster" not in data and "group_size" not in data:
                 cfg = sm90.with_raster(cfg, problem, device)
     reasons = check_config(cfg, problem, device)

@@ -10,7 +10,9 @@ The names below are a stable interface for the per-arch modules:
 - Wave quantisation: `Waves`, `waves_of`.
 - L2 raster: `tile_order`, `raster_footprint`, `choose_raster` (the tile walk of the templates'
   persistent scheduler, groups of block-rows or block-columns, optionally 2-CTA clusters).
-- Operand traffic: `covered_extent` (how much of a dimension the TMA boxes of all blocks read).
+- Operand traffic: `covered_extent` (how much of a dimension the TMA boxes of all blocks read),
+  `dram_clk_per_byte` (per-CTA DRAM streaming rate with `a` CTAs streaming),
+  `dram_run_efficiency` (DRAM efficiency of the contiguous runs TMA boxes read).
 - Ranking and reporting: `Candidate`, `Rejection`, `rank`, `best`, `explanation`,
   `problem_dict`, `device_dict`, `describe_layout`.
 """
@@ -29,21 +31,66 @@ from jitgemm.problem import Problem
 
 @dataclass(frozen=True)
 class ArchRates:
-    """Per-SM, per-clock rates of one architecture, used only to *compare* candidates.
+    """Per-SM, per-clock rates of one architecture, used to *compare* candidates.
 
-    The absolute values matter little (the cost is in modelled clock cycles); their ratios decide
-    which resource binds. Defaults are H100/H200-class numbers for 16-bit inputs.
+    The cost is in modelled clock cycles at `clock_ghz` (the sustained SM clock under a GEMM
+    load); measured bandwidths are converted to bytes per clock at that clock. Defaults are
+    H200 numbers for 16-bit inputs, calibrated against H200 measurements (bf16, graph-replayed):
+
+    - `mma_flops_per_clk` 3200: sustained wgmma rate, 78% of the 4096 peak (the clock drops under
+      a full tensor-core load). 4096^3 (m128n256 pairs) then models 194 us, in line with its
+      measured parity with cuBLAS at the usual 700-750 TFLOP/s (at 4096: 152 us, 900 TFLOP/s),
+      and 4096x2112x7168 (m128n176 A pairs, measured 1.06x cuBLAS) 181 us.
+    - `l2_total_bytes_per_clk` 4500: about 7.9 TB/s of L2 -> SM reads chip-wide, which keeps
+      4096x2112x7168 just L2 bound (32 KB of L2 reads per CTA and k-block). 4096x576x7168 with
+      m128n176 (one wave of 128 CTAs, 521 MB out of L2) models 66.6 us against the measured
+      83.5 us (-20%; the former constants gave 43-49 us); fitting it exactly (~3600) would make
+      4096x2112x7168 and 128x7168x16384 20-25% too slow.
+    - `hbm_bytes_per_clk` 2400: the measured device-to-device copy bandwidth, 4.2 TB/s.
+    - `cta_dram_bytes_per_clk` 40: about 70 GB/s, what one CTA streaming alone can pull from
+      DRAM (one TMA producer with a few stages in flight against a loaded DRAM latency of 1-2
+      us; the middle of the 60-80 GB/s measured). With the copy bandwidth it gives the per-CTA
+      DRAM rate when `a` CTAs stream: 1 / (1/cta + a * q), q chosen so that all SMs streaming
+      get exactly the copy bandwidth (see `dram_clk_per_byte`).
+    - `dram_run_overhead_bytes` 32: DRAM streams contiguous runs at run / (run + 32) of the copy
+      bandwidth (row activations and sector granularity are paid per run, not per byte). TMA
+      reads one run per row of a box: 128 bytes for a K-major operand, the whole tile width of
+      an MN-major one. Set so that 128-byte runs stream at 80%, which puts 1x7168x2048 (m64n64,
+      112 CTAs, N-major B: 0.79x cuBLAS, ~66% of the copy bandwidth) within ~10% of its
+      measurement.
     """
-    mma_flops_per_clk: int = 4096        # dense 16-bit tensor-core FLOPs per SM per clock
+    mma_flops_per_clk: int = 3200        # dense 16-bit tensor-core FLOPs per SM per clock, sustained
     smem_bytes_per_clk: int = 128        # shared-memory bandwidth per SM
     l2_sm_bytes_per_clk: int = 64        # L2 -> one SM ingress
-    l2_total_bytes_per_clk: int = 6144   # L2 -> all SMs (about 8 TB/s at 1.3 GHz, as DeepGEMM models it)
-    hbm_bytes_per_clk: int = 2400        # DRAM (H200: 4.8 TB/s at 1.98 GHz)
+    l2_total_bytes_per_clk: int = 4500   # L2 -> all SMs (7.9 TB/s at 1.75 GHz, calibrated, see above)
+    hbm_bytes_per_clk: int = 2400        # DRAM copy bandwidth (H200: 4.2 TB/s at 1.75 GHz)
+    cta_dram_bytes_per_clk: int = 40     # DRAM -> one CTA streaming alone (70 GB/s at 1.75 GHz)
+    dram_run_overhead_bytes: int = 32    # DRAM efficiency of a contiguous run: run / (run + this)
     load_latency_clk: int = 1000         # TMA load round trip the pipeline must cover
+    clock_ghz: float = 1.75              # sustained SM clock the per-clock rates are quoted at
 
 
 ARCH_RATES = {"sm_90a": ArchRates(), "sm_100a": ArchRates(mma_flops_per_clk=8192, l2_total_bytes_per_clk=8192,
                                                             hbm_bytes_per_clk=4000)}
+
+
+def dram_clk_per_byte(rates: ArchRates, num_sms: int, active: int) -> float:
+    """Clock cycles one CTA spends per byte it streams from DRAM while `active` CTAs stream.
+
+    Two limits in series: what a CTA alone can pull (`cta_dram_bytes_per_clk`) and DRAM
+    queueing, which grows with the number of streams: 1/cta + active * q. q is set so that
+    `num_sms` streams together get the copy bandwidth (num_sms / hbm per byte and CTA); with
+    fewer streams each gets more, up to the per-CTA limit, and the chip gets less than the copy
+    bandwidth: that is the credit for spreading a memory-bound problem over more SMs.
+    """
+    per_cta = 1.0 / rates.cta_dram_bytes_per_clk
+    q = max(0.0, 1.0 / rates.hbm_bytes_per_clk - per_cta / max(1, num_sms))
+    return per_cta + max(1, active) * q
+
+
+def dram_run_efficiency(rates: ArchRates, run_bytes: float) -> float:
+    """Fraction of the copy bandwidth DRAM delivers to a stream of `run_bytes` contiguous runs."""
+    return run_bytes / (run_bytes + rates.dram_run_overhead_bytes)
 
 
 @dataclass(frozen=True)
@@ -250,8 +297,8 @@ def choose_raster(num_m: int, num_n: int, rows_per_m: int, cols_per_n: int, slot
 def covered_extent(size: int, block: int, box: int) -> int:
     """Elements of one dimension read by all blocks together, when block i (origin i*block)
     loads `box` >= `block` elements clipped at `size` (TMA does not fetch out-of-bounds
-    elements). With box == block this is `size`; a wider box (MN-major pieces of 64) re-reads
-    part of the neighbouring block.
+    elements). With box == block this is `size`; a wider box (MN-major pieces wider than the
+    block, e.g. 3 x 64 for a block of 176) re-reads part of the neighbouring block.
     """
     nblocks = ceil_div(size, block)
     if box <= block:

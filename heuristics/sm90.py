@@ -1,19 +1,26 @@
-"""Kernel selection for Hopper (sm_90a), after DeepGEMM's sm90 rules.
+"""Kernel selection for Hopper (sm_90a), after DeepGEMM's sm90 rules, plus split-K.
 
 Candidates: block_m in {64, 128, 256} (256 only with a 16-bit output), block_n in 16..256 step
 16, block_k = 128 bytes of K, and a cluster of 1, or 2 CTAs sharing the A tile (same m block,
-neighbouring n blocks) or the B tile (same n block, neighbouring m blocks). The math warpgroup
-count follows block_m (1 for 64, 2 above) and the pipeline gets as many stages as fit shared
-memory (capped at MAX_STAGES). Rules remove illegal or hopeless layouts; a cost model ranks
-the rest; the L2 raster (groups of 8 or 16 block-rows or -columns) is chosen last, for the
-smallest working set.
+neighbouring n blocks) or the B tile (same n block, neighbouring m blocks); each with split_k in
+SPLITS (the K range of a tile shared by up to that many CTAs, kept to >= MIN_KB_PER_SPLIT K
+blocks a split and <= MAX_SPLIT_WAVES waves of work units). The math warpgroup count follows
+block_m (1 for 64, 2 above) and the pipeline gets as many stages as fit shared memory (capped at
+MAX_STAGES). Rules remove illegal or hopeless layouts; a cost model ranks the rest; the L2
+raster (groups of 8 or 16 block-rows or -columns) is chosen last, for the smallest working set.
 
-The cost model counts clock cycles of a persistent CTA, wave by wave (so wave quantisation and
-the last wave's utilisation are in it): per k-block the slowest of tensor-core time,
-shared-memory traffic (TMA writes and wgmma reads), L2->SM ingress, TMA latency over the pipeline depth, and the
-CTA's share of the chip-wide L2 bandwidth (which a multicast operand halves); plus the epilogue
-per tile (the template does not overlap it with the main loop); the whole never below the time
-to stream the operands from DRAM once.
+The cost model counts clock cycles of a persistent CTA, wave by wave over the work units
+(cluster tiles x splits; so wave quantisation and the last wave's utilisation are in it): per
+k-block the slowest of tensor-core time, shared-memory traffic (TMA writes and wgmma reads),
+L2->SM ingress, TMA latency over the pipeline depth, the CTA's share of the chip-wide L2
+bandwidth (which a multicast operand halves) and its DRAM streaming time (a per-CTA limit in
+series with DRAM queueing, so more streaming CTAs get more of the copy bandwidth, and runs of
+contiguous bytes that stream the better the longer they are); plus, per unit, the split-K
+fix-up (fp32 partials to the workspace and back: their bytes, the fence and the tile's atomic,
+and the dependent L2 round trips of the last split's read-back, serial after the main loop)
+and the epilogue (the template overlaps neither with the main loop); the whole never below the
+time to stream the operands (and the workspace) from DRAM once. Rates and their calibration
+against H200 measurements: common.ArchRates.
 """
 from __future__ import annotations
 
@@ -25,7 +32,8 @@ from jitgemm.layout import WGMMA_M, layout_of, structural_problems
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 from .common import (MAX_STAGES, Candidate, DeviceSpec, Rejection, ceil_div, choose_raster, covered_extent,
-                     describe_layout, explanation, max_stages, rank, round_up, stage_rule, waves_of)
+                     describe_layout, dram_clk_per_byte, dram_run_efficiency, explanation, max_stages, rank,
+                     stage_rule, waves_of)
 
 ARCH = "sm_90a"
 
@@ -39,11 +47,22 @@ THREADS_PER_WARPGROUP = 128
 BLOCK_MS = (64, 128, 256)
 BLOCK_NS = tuple(range(16, 257, 16))
 CLUSTERS = ((1, "none"), (2, "A"), (2, "B"))
-MN_PIECE = 64                  # MN-major operands are loaded in 64-element (128-byte) pieces
+
+# Split-K: candidate maximum split counts (KernelConfig.split_k) and the bounds on them.
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+MIN_KB_PER_SPLIT = 4           # keep >= 4 K blocks per split: shorter ones do not amortise the fix-up
+MAX_SPLIT_WAVES = 2            # split only up to 2 waves of work units: past that there is nothing to fill
 
 # Fixed per-tile costs of the epilogue, clock cycles.
 EPILOGUE_FIXED_CLK = 400       # drain the last wgmma, barriers, issue the TMA stores
 C_LOAD_LATENCY_CLK = 1000      # has_c: the C tile is loaded after the main loop and waited for
+# Split-K fix-up, serial after the main loop (templates/sm90_gemm.cu.j2, "split-K fix-up"):
+# the partial stores drain (fence.acq_rel), then the tile's atomic: two L2 round trips; then
+# the last split reads the partials back, split by split with all of a split's loads in flight
+# together: one dependent round trip per split (see readback_rounds).
+L2_ROUND_TRIP_CLK = 600        # a strong global load/atomic to L2 and back, under load
+SPLITK_SYNC_ROUND_TRIPS = 2    # store fence + atomic
+PARTIAL_BYTES = 4              # fp32 partial sums
 
 
 def num_consumers_for(block_m: int) -> int:
@@ -102,7 +121,8 @@ def check_config(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> lis
 
 def _layout_rejection(problem: Problem, device: DeviceSpec, block_m: int, block_n: int,
                       cluster: int, multicast: str) -> str | None:
-    """The first rule (in DeepGEMM's spirit) that removes a tile layout before costing, or None."""
+    """The first rule (in DeepGEMM's spirit) that removes a tile layout before costing, or None.
+    (The single-wave rule on multicast depends on the split count: see `single_wave_rule`.)"""
     if block_m == 256 and problem.out_dtype == "fp32":
         return "block_m 256 only with a 16-bit output (an fp32 output tile leaves too little shared memory)"
     consumers = num_consumers_for(block_m)
@@ -113,14 +133,78 @@ def _layout_rejection(problem: Problem, device: DeviceSpec, block_m: int, block_
     if cluster > 1:
         if device.num_sms % cluster:
             return f"no multicast: the SM count {device.num_sms} is odd"
-        num_tiles = ceil_div(problem.m, block_m) * ceil_div(problem.n, block_n)
-        if num_tiles <= device.num_sms:
-            return f"no multicast: the problem is a single wave ({num_tiles} tiles <= {device.num_sms} SMs)"
         side = ceil_div(problem.n, block_n) if multicast == "A" else ceil_div(problem.m, block_m)
         if side < 2:
             return (f"no multicast {multicast}: only one {'n' if multicast == 'A' else 'm'} block, "
                     f"nothing to share")
     return None
+
+
+def single_wave_rule(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, splits: int) -> str | None:
+    """DeepGEMM's rule, counted in work units: no multicast when tiles x K splits fit one wave
+    of CTAs (a cluster then only constrains the schedule). None when the rule does not apply."""
+    num_tiles = ceil_div(problem.m, block_m) * ceil_div(problem.n, block_n)
+    if num_tiles * splits <= device.num_sms:
+        what = f"{num_tiles} tiles" if splits == 1 else f"{num_tiles} tiles x {splits} splits"
+        return f"no multicast: the problem is a single wave ({what} <= {device.num_sms} SMs)"
+    return None
+
+
+def splits_used(cfg: KernelConfig, k: int) -> int:
+    """K splits a launch actually uses (jitgemm.launch.num_splits): at most one per K block."""
+    return max(1, min(cfg.split_k, ceil_div(k, cfg.block_k)))
+
+
+def split_choices(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, cluster: int,
+                  multicast: str, block_k: int) -> list[int]:
+    """The split_k values worth costing for a layout: 1, and each of SPLITS that leaves every
+    split >= MIN_KB_PER_SPLIT K blocks and the work units (cluster tiles x splits) within
+    MAX_SPLIT_WAVES waves of the persistent grid."""
+    k_blocks = ceil_div(problem.k, block_k)
+    units = cluster_tiles_of(problem, block_m, block_n, multicast)
+    slots = max(1, device.num_sms // cluster)
+    return [s for s in SPLITS
+            if s == 1 or (s * MIN_KB_PER_SPLIT <= k_blocks and units * s <= MAX_SPLIT_WAVES * slots)]
+
+
+def cluster_tiles_of(problem: Problem, block_m: int, block_n: int, multicast: str) -> int:
+    """Work items of one K split (jitgemm.launch.cluster_tiles): tiles, or pairs of tiles."""
+    num_m, num_n = ceil_div(problem.m, block_m), ceil_div(problem.n, block_n)
+    if multicast == "A":
+        num_n = ceil_div(num_n, 2)
+    elif multicast == "B":
+        num_m = ceil_div(num_m, 2)
+    return num_m * num_n
+
+
+def readback_rounds(splits: int) -> int:
+    """Dependent L2 round trips the last split of a tile needs to read the partials back: one
+    per split (0 without split-K).
+
+    The template's read-back loop runs over the splits outermost, with the 64-row atoms and the
+    float4 columns of a math thread unrolled inside it, so all loads of one split are in flight
+    together. An atom whose rows are all past M skips its loads, which shortens a round, not
+    the number of rounds (atom 0 of the first warpgroup always holds a live row); the bytes of
+    the skipped rows are left out by `partial_rows`.
+    """
+    return splits if splits > 1 else 0
+
+
+def partial_rows(m: int, block_m: int, num_consumers: int) -> int:
+    """Rows of fp32 partials one split stores for all m blocks of one column of tiles.
+
+    Mirrors the template: a math thread stores rows r and r + 8 together (one float4) when row r
+    of its warpgroup is below M, so a 64-row atom stores 2 x min(8, live) rows per 16-row group:
+    M = 1 stores 2 rows, not 64.
+    """
+    wg_m = block_m // num_consumers
+    full, rest = divmod(m, block_m)
+    total = full * block_m
+    if rest:
+        for wg in range(num_consumers):
+            left = rest - wg * wg_m
+            total += sum(2 * min(8, max(0, left - g)) for g in range(0, wg_m, 16))
+    return total
 
 
 # ----------------------------------------------------------------------------- cost model
@@ -154,6 +238,24 @@ def traffic(problem: Problem, block_m: int, block_n: int, b_box: int, multicast:
     return Traffic(tiles, tiles, num_n * a_cov + num_m * b_cov, num_n * a_cov + num_m * b_cov)
 
 
+def b_box_of(cfg: KernelConfig) -> int:
+    """Columns of B one tile loads: block_n, or (N-major) whole pieces of the layout's swizzle
+    width (64 columns for 128-byte swizzling; narrower swizzles for narrow tiles)."""
+    b = layout_of(cfg).b
+    return cfg.block_n if b.major_is_k else b.num_pieces * b.piece_extent
+
+
+def dram_runs(problem: Problem, cfg: KernelConfig, b_box: int) -> tuple[int, int]:
+    """Contiguous bytes per DRAM run of A and of B: a K-major box row is one K block (128
+    bytes); an MN-major tile's pieces of one K row are adjacent and loaded together, so its run
+    is the tile's whole width (clipped at the matrix edge)."""
+    elem = DTYPE_BYTES[problem.dtype]
+    k_run = cfg.block_k * elem
+    a_run = k_run if cfg.a_major == "K" else min(cfg.block_m, problem.m) * elem
+    b_run = k_run if cfg.b_major == "K" else min(b_box, problem.n) * elem
+    return a_run, b_run
+
+
 def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidate:
     """Model the run time of `cfg` on `problem` (clock cycles) and keep the terms for `explain`."""
     r = device.rates
@@ -161,18 +263,26 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     elem = DTYPE_BYTES[problem.dtype]
     out_elem = DTYPE_BYTES[problem.out_dtype]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    b_box = round_up(bn, MN_PIECE) if cfg.b_major == "N" else bn
+    b_box = b_box_of(cfg)
     tr = traffic(problem, bm, bn, b_box, cfg.multicast)
+    num_m, num_n = ceil_div(problem.m, bm), ceil_div(problem.n, bn)
     k_blocks = ceil_div(problem.k, bk)
+    splits = splits_used(cfg, problem.k)
+    kb_unit = ceil_div(k_blocks, splits)                    # the longest split's K blocks
     slice_bytes = bk * elem                                 # one row/column of a k-block
 
     # Per k-block of one CTA.
     t_mma = 2 * bm * bn * bk / r.mma_flops_per_clk
     # Shared memory, as DeepGEMM counts it: TMA writes of the stage (MN-major pieces padded to
-    # 64) plus one wgmma read of each operand tile.
-    t_smem = (bm + b_box + bm + bn) * slice_bytes / r.smem_bytes_per_clk
+    # the swizzle width) plus one wgmma read of each operand tile.
+    t_smem = (lay.a.tile_bytes + lay.b.tile_bytes + (bm + bn) * slice_bytes) / r.smem_bytes_per_clk
     ingress = tr.ingress * slice_bytes / tr.cta_tiles       # bytes landing per CTA per k-block
     l2_read = tr.l2_reads * slice_bytes / tr.cta_tiles      # bytes read from L2 per CTA per k-block
+    # Bytes per CTA per k-block that come from DRAM: each element of A and B once, spread over
+    # the tiles (re-reads and the overhang of padded pieces hit L2), each operand weighted by
+    # the DRAM efficiency of the runs its boxes read (see dram_runs).
+    eff_a, eff_b = (dram_run_efficiency(r, run) for run in dram_runs(problem, cfg, b_box))
+    dram_read = (problem.m / eff_a + problem.n / eff_b) * slice_bytes / tr.cta_tiles
     t_ingress = ingress / r.l2_sm_bytes_per_clk
     t_latency = r.load_latency_clk / max(1, cfg.num_stages - 1)
     per_cta = {"mma": t_mma, "smem": t_smem, "l2_ingress": t_ingress, "latency": t_latency}
@@ -182,39 +292,66 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     if problem.has_c:
         epilogue += C_LOAD_LATENCY_CLK + out_tile / r.l2_sm_bytes_per_clk
 
-    w = waves_of(tr.cluster_tiles, device.num_sms // cfg.cluster_size)
+    # Split-K: every split parks its fp32 partial tile (only live rows) in the workspace; the
+    # last one to arrive reads all of them back, then runs the epilogue.
+    rows = partial_rows(problem.m, bm, cfg.num_consumers)   # per column of tiles, per split
+    ws_tile = rows / num_m * bn * PARTIAL_BYTES              # bytes one split of a tile stores
+    ws_total = splits * rows * bn * PARTIAL_BYTES * (tr.cta_tiles // num_m) if splits > 1 else 0
+
+    w = waves_of(tr.cluster_tiles * splits, device.num_sms // cfg.cluster_size)
     slots_ctas = w.slots * cfg.cluster_size
+
+    rounds = 0
+    if splits > 1:
+        rounds = SPLITK_SYNC_ROUND_TRIPS + readback_rounds(splits)
+
+    def fixup(active_ctas: int) -> float:
+        if splits == 1:
+            return 0.0
+        own = (1 + splits) * ws_tile / r.l2_sm_bytes_per_clk        # store one, read all back
+        chip = active_ctas * 2 * ws_tile / r.l2_total_bytes_per_clk  # on average each CTA moves 2
+        return rounds * L2_ROUND_TRIP_CLK + max(own, chip)
 
     def wave_time(active_ctas: int) -> tuple[float, str]:
         terms = dict(per_cta)
         terms["l2"] = active_ctas * l2_read / r.l2_total_bytes_per_clk
+        terms["dram"] = dram_read * dram_clk_per_byte(r, device.num_sms, active_ctas)
         bound = max(terms, key=lambda k: (terms[k], k))
-        return k_blocks * terms[bound] + epilogue, bound
+        return kb_unit * terms[bound] + fixup(active_ctas) + epilogue, bound
 
     full_time, bound = wave_time(slots_ctas)
     last_time, _ = wave_time(w.last_wave_tiles * cfg.cluster_size)
     sm_time = (w.waves - 1) * full_time + last_time
-    dram = (problem.m + problem.n) * problem.k * elem + problem.m * problem.n * out_elem * (2 if problem.has_c else 1)
+    dram = ((problem.m / eff_a + problem.n / eff_b) * problem.k * elem
+            + problem.m * problem.n * out_elem * (2 if problem.has_c else 1) + ws_total)
     hbm_time = dram / r.hbm_bytes_per_clk
     cost = max(sm_time, hbm_time)
     if hbm_time >= sm_time:
         bound = "hbm"
     terms = {
+        "split_k": splits,
+        "units": w.tiles,
+        "kb_per_unit": kb_unit,
         "waves": w.waves,
         "last_wave_util": round(w.last_wave_util, 4),
         "tiles": tr.cta_tiles,
         "bound": bound,
         "sm_cycles": round(sm_time, 1),
         "hbm_cycles": round(hbm_time, 1),
+        "dram_efficiency": round((problem.m + problem.n) / (problem.m / eff_a + problem.n / eff_b), 4),
+        "splitk_cycles": round(fixup(slots_ctas), 1),
+        "splitk_round_trips": rounds,
+        "model_us": round(cost / (r.clock_ghz * 1e3), 2),
         "l2_bytes": tr.l2_reads * problem.k * elem,
+        "workspace_bytes": int(ws_total),
         "smem_bytes": lay.smem_bytes,
         "num_stages": cfg.num_stages,
         "acc_regs": lay.acc_regs,
     }
     # Ties (every candidate at the DRAM floor, or several tensor-core bound) go to the faster
-    # SM-side time, then to less L2 traffic (robust if the L2 rates are off), then to no cluster,
-    # the smaller tile (less padding), block_m, block_n, the multicast side.
-    key = (round(sm_time, 6), tr.l2_reads, cfg.cluster_size, bm * bn, bm, bn, cfg.multicast)
+    # SM-side time, then to less L2 traffic (robust if the L2 rates are off), then to fewer
+    # splits, no cluster, the smaller tile (less padding), block_m, block_n, the multicast side.
+    key = (round(sm_time, 6), tr.l2_reads, splits, cfg.cluster_size, bm * bn, bm, bn, cfg.multicast)
     return Candidate(cfg, round(cost, 6), key, terms)
 
 
@@ -238,11 +375,20 @@ def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, in
 
 
 def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
-    """`cfg` with the L2 raster (side and group size) of the smallest working set."""
-    b_box = round_up(cfg.block_n, MN_PIECE) if cfg.b_major == "N" else cfg.block_n
+    """`cfg` with the L2 raster (side and group size) of the smallest working set. With split-K
+    the consecutive work units of a wave are the splits of fewer tiles."""
+    slots = max(1, device.num_sms // cfg.cluster_size // splits_used(cfg, problem.k))
     raster, group, _ = choose_raster(ceil_div(problem.m, cfg.block_m), ceil_div(problem.n, cfg.block_n),
-                                     cfg.block_m, b_box, device.num_sms // cfg.cluster_size, cfg.multicast)
+                                     cfg.block_m, b_box_of(cfg), slots, cfg.multicast)
     return KernelConfig(**{**cfg.to_dict(), "raster": raster, "group_size": group})
+
+
+def with_split(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
+    """`cfg` with the split_k the cost model prefers for its tile (1 when splitting never pays)."""
+    choices = split_choices(problem, device, cfg.block_m, cfg.block_n, cfg.cluster_size, cfg.multicast,
+                            cfg.block_k)
+    costed = [cost_of(problem, device, KernelConfig(**{**cfg.to_dict(), "split_k": s})) for s in choices]
+    return rank(costed)[0].config
 
 
 def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], list[Rejection]]:
@@ -261,10 +407,18 @@ def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], l
                 if rule is None:
                     cfg, stages = with_stages(base, device)
                     rule = stage_rule(block_m, block_n, stages)
+                splits = []
+                if rule is None:
+                    splits = split_choices(problem, device, block_m, block_n, cluster, multicast, cfg.block_k)
+                    if cluster > 1:
+                        # Multicast only when the work units (tiles x splits) exceed one wave.
+                        rule = single_wave_rule(problem, device, block_m, block_n, splits[-1])
+                        splits = [s for s in splits if single_wave_rule(problem, device, block_m, block_n, s) is None]
                 if rule is not None:
                     rejected.append(Rejection(desc, rule))
                     continue
-                legal.append(cost_of(problem, device, cfg))
+                for s in splits:
+                    legal.append(cost_of(problem, device, KernelConfig(**{**cfg.to_dict(), "split_k": s})))
     return legal, rejected
 
 
@@ -285,7 +439,8 @@ def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
 
 def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
     """Why `select` chose what it chose: the best `top` candidates with their modelled cost and
-    the layouts the rules removed (see common.explanation for the keys)."""
+    terms (split_k, units, kb_per_unit, splitk_cycles, workspace_bytes among them) and the
+    layouts the rules removed (see common.explanation for the keys)."""
     _check_arch(device)
     legal, rejected = candidates(problem, device)
     if not legal:
@@ -296,9 +451,10 @@ def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
         cfg = with_raster(c.config, problem, device)
         shown.append(Candidate(cfg, c.cost, c.key, c.terms))
     chosen = shown[0].config
-    model = ("cycles of a persistent CTA, wave by wave: per k-block the max of tensor-core, "
-             "shared-memory traffic (TMA writes + wgmma reads), L2->SM ingress, latency/(stages-1) and the CTA's "
-             "share of chip L2 bandwidth; plus the epilogue per tile; never below streaming the "
-             "operands from DRAM once")
+    model = ("cycles of a persistent CTA, wave by wave over the work units (cluster tiles x K splits): "
+             "per k-block the max of tensor-core, shared-memory traffic (TMA writes + wgmma reads), "
+             "L2->SM ingress, latency/(stages-1), the CTA's share of chip L2 bandwidth and its DRAM "
+             "streaming time (per-CTA limit + queueing over the streaming CTAs); plus the split-K "
+             "fix-up and the epilogue per unit; never below streaming operands and workspace from DRAM once")
     return explanation(problem, device, chosen, shown, rejected, top, legal_candidates=len(legal),
-                       cost_model=model)
+                       cost_model=model, clock_ghz=device.rates.clock_ghz)

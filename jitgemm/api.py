@@ -18,7 +18,9 @@ from .operands import (GENERIC, HOST, LEGACY_STREAM, NUMPY_NAMES, TMA_ALIGN, UNR
                        lib_of, needs_consumer_stream, overlaps, resolve_device, stream_wait)
 from .problem import Problem
 
-SUPPORTED_ARCHS = ("sm_90a",)
+# Compute capability 9.0 -> sm_90a kernels (run and verified on an H200); 10.0 -> sm_100a
+# kernels (compiled and SASS-checked only: never run on Blackwell hardware yet).
+SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
 PLAN_CACHE_SIZE = 1024
 
 
@@ -31,9 +33,12 @@ class FallbackCopyWarning(UserWarning):
 def device_spec(ordinal: int) -> DeviceSpec:
     info = runtime.device_info(ordinal)
     if info.arch not in SUPPORTED_ARCHS:
-        raise RuntimeError(f"jitgemm runs kernels on {', '.join(SUPPORTED_ARCHS)} (compute capability "
-                           f"9.0); device {ordinal} ({info.name}) is compute capability "
+        raise RuntimeError(f"jitgemm runs kernels on compute capability 9.0 (sm_90a, Hopper) and 10.0 "
+                           f"(sm_100a, Blackwell); device {ordinal} ({info.name}) is compute capability "
                            f"{info.compute_capability[0]}.{info.compute_capability[1]}")
+    if info.arch == "sm_100a":
+        warnings.warn("jitgemm's sm_100a kernels are compiled and checked in their SASS but have not "
+                      "yet run on Blackwell hardware; verify results on your device", RuntimeWarning, stacklevel=3)
     return DeviceSpec(arch=info.arch, num_sms=info.num_sms)
 
 
@@ -244,8 +249,7 @@ class _Kernel:
         self.problem, self.cfg = problem, cfg
         self.kernel, self.lay = _kernel(cfg, problem, dev, stream)
         self.num_sms = spec.num_sms
-        units = launch.cluster_tiles(cfg, problem.m, problem.n)
-        self.grid = min(units, spec.num_sms // cfg.cluster_size) * cfg.cluster_size
+        self.grid = launch.grid_size(cfg, problem.m, problem.n, problem.k, spec.num_sms)
         self.dev, self.stream = dev, stream
         self.context = _primary_context(dev)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from . import compiler, runtime
 from .cache import CacheResult, KernelCache, OfflineError, cache_key
 from .config import KernelConfig
+from . import layout_sm100
 from .layout import KernelLayout, layout_of
 from .problem import Problem
 from .render import kernel_name, render
@@ -61,7 +62,8 @@ def default_cache() -> KernelCache:
 
 def prepare(config: KernelConfig) -> KernelSource:
     """Render `config` and collect what its cache key covers; compiles nothing."""
-    return KernelSource(config, layout_of(config), kernel_name(config), render(config),
+    lay = layout_sm100.layout_of(config) if config.arch == "sm_100a" else layout_of(config)
+    return KernelSource(config, lay, kernel_name(config), render(config),
                         compiler.options_for(config.arch), compiler.nvrtc_version())
 
 

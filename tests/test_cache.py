@@ -78,13 +78,13 @@ def no_compile(monkeypatch):
 
 # ---- keys ----
 
-def test_key_is_the_same_across_processes_and_hash_seeds(seeded):
+def test_key_is_the_same_across_processes_and_hash_seeds(seeded, tmp_path):
     script = ("from jitgemm import kernels; from jitgemm.config import KernelConfig; "
               "print(kernels.prepare(KernelConfig(block_m=64, num_consumers=1, block_n=64, num_stages=4)).key)")
     keys = set()
     for seed in ("0", "1", "4242"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
         keys.add(out.stdout.strip())
     assert keys == {seeded.key}
     assert len(seeded.key) == 64 and int(seeded.key, 16) >= 0
@@ -184,7 +184,7 @@ def test_16_processes_publish_one_entry(tmp_cache, tmp_path):
     sync = tmp_path / "sync"
     sync.mkdir()
     env = dict(os.environ, JITGEMM_CACHE_DIR=str(tmp_cache))
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(sync), str(i)], env=env,
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(sync), str(i)], env=env, cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(16)]
     try:
         deadline = time.time() + 240
@@ -505,9 +505,9 @@ def test_a_warm_get_does_no_file_io(warm_cache, monkeypatch, no_compile):
     assert kernels.get(SMALL, 0) == (kernel, layout)
 
 
-def test_importing_jitgemm_stays_cheap():
+def test_importing_jitgemm_stays_cheap(tmp_path):
     code = "import sys, jitgemm; print(sorted(m for m in ('click', 'tqdm', 'filelock') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 

@@ -6,7 +6,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -451,11 +450,13 @@ def test_explain_with_the_real_heuristics():
 
 # ---- the installed console script ----
 
-def test_console_script_end_to_end(tmp_cache):
+def test_console_script_end_to_end(tmp_cache, tmp_path):
     exe = shutil.which("jitgemm")
     base = [exe] if exe else [sys.executable, "-m", "jitgemm.cli"]
     env = dict(os.environ, JITGEMM_CACHE_DIR=str(tmp_cache))
-    run = lambda *args: subprocess.run(base + list(args), env=env, capture_output=True, text=True, timeout=300)
+    # cwd away from the checkout, whose jitgemm/ would shadow the installed package
+    run = lambda *args: subprocess.run(base + list(args), env=env, cwd=tmp_path, capture_output=True,
+                                       text=True, timeout=300)
     out = run("precompile", "--m", "64", "--n", "512", "--k", "1024", *TARGET, "--json")
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)

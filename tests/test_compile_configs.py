@@ -1,6 +1,6 @@
 """Render and NVRTC-compile every distinct sm_90a config the heuristics emit over a sweep of
-problems, and check the SASS (HGMMA present, no local-memory spills). CPU only: NVRTC and
-cuobjdump need no GPU."""
+problems, split-K ones included, and check the SASS (HGMMA present, no local-memory spills).
+CPU only: NVRTC and cuobjdump need no GPU."""
 import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +54,10 @@ def test_sweep_covers_the_space():
     assert {c.multicast for c in cfgs} == {"none", "A", "B"}
     assert {c.raster for c in cfgs} == {"m", "n"} and {c.group_size for c in cfgs} == {8, 16}
     assert any(c.block_n % 64 for c in cfgs)          # odd widths such as 112 or 208
+    assert any(c.block_n < 64 for c in cfgs)          # narrow tiles: 64- and 32-byte swizzled B/A pieces
+    # split-K kernels (the fix-up path of the template), also inside a 2-CTA cluster and with C
+    splits = [c for c in cfgs if c.split_k > 1]
+    assert splits and any(c.cluster_size == 2 for c in splits) and any(c.has_c for c in splits)
     assert {(c.dtype, c.out_dtype, c.a_major, c.b_major) for c in cfgs} >= {
         (d, o, a, b) for d in ("bf16", "fp16") for o in (d, "fp32") for a, b in LAYOUTS.values()}
 

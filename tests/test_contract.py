@@ -5,6 +5,11 @@ derived from the fake pointer (the one driver query gemm makes for such arrays i
 Every step of gemm that would touch the GPU is replaced by a tripwire, so a bad input must be
 rejected with TypeError/ValueError before any of them; valid inputs must reach the tripwire.
 """
+import contextlib
+import ctypes
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -307,3 +312,132 @@ def test_fake_pointer_device_mapping_is_used():
     pass vacuously otherwise)."""
     x = dev((4, 4), device=3)
     assert operands.resolve_device(operands.describe(x, "x"), "x").device == 3
+
+
+# --------------------------------------------------------------------------------------------
+# DeviceArray's own DLPack export, read back on the CPU (the fake pointer is never dereferenced)
+# --------------------------------------------------------------------------------------------
+class FakeMemory:
+    """Stands in for operands.DeviceMemory: a pointer, and no context to make current."""
+
+    def __init__(self, ptr):
+        self.ptr, self.nbytes = ptr, 0
+
+    def current(self):
+        return contextlib.nullcontext()
+
+
+def _capsule_api(name, restype, *argtypes):
+    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
+
+
+_capsule_name = _capsule_api("PyCapsule_GetName", ctypes.c_char_p, ctypes.py_object)
+_capsule_pointer = _capsule_api("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
+_capsule_set_name = _capsule_api("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
+_USED = ctypes.c_char_p(b"used_dltensor")     # the name a consumer gives a capsule it took
+
+
+def _device_array(dtype, shape=(3, 5), device=1, stream=1):
+    return operands.DeviceArray(FakeMemory(fake_ptr(device, 4096)), shape, dtype, device, stream)
+
+
+@pytest.mark.parametrize("versioned", [False, True])
+@pytest.mark.parametrize("dtype, code, bits", [("bf16", 4, 16), ("fp16", 2, 16), ("fp32", 2, 32)])
+def test_dlpack_export_fields(dtype, code, bits, versioned):
+    arr = _device_array(dtype)
+    assert arr.__dlpack_device__() == (2, 1)
+    cap = arr.__dlpack__(stream=-1, max_version=(1, 0) if versioned else None)
+    name = b"dltensor_versioned" if versioned else b"dltensor"
+    assert _capsule_name(cap) == name
+    address = _capsule_pointer(cap, name)
+    struct = operands.DLManagedTensorVersioned if versioned else operands.DLManagedTensor
+    managed = struct.from_address(address)
+    if versioned:
+        assert (managed.version.major, managed.version.minor) == (1, 0) and managed.flags == 0
+    t = managed.dl_tensor
+    assert t.data == arr.ptr and t.byte_offset == 0 and t.ndim == 2
+    assert (t.device.device_type, t.device.device_id) == (2, 1)
+    assert (t.dtype.code, t.dtype.bits, t.dtype.lanes) == (code, bits, 1)
+    assert (t.shape[0], t.shape[1]) == (3, 5) and (t.strides[0], t.strides[1]) == (5, 1)
+    assert managed.deleter
+
+
+@pytest.mark.parametrize("versioned", [False, True])
+def test_dlpack_capsule_keeps_the_array_alive(versioned):
+    """Unconsumed: the capsule's destructor frees the export. Consumed: only the deleter does."""
+    max_version = (1, 0) if versioned else None
+    arr = _device_array("bf16")
+    alive = weakref.ref(arr)
+    cap = arr.__dlpack__(max_version=max_version)     # stream None: the legacy stream, as produced
+    del arr
+    gc.collect()
+    assert alive() is not None                        # the capsule holds the memory's owner
+    del cap
+    gc.collect()
+    assert alive() is None
+
+    arr = _device_array("fp16")
+    alive = weakref.ref(arr)
+    cap = arr.__dlpack__(stream=-1, max_version=max_version)
+    name = _capsule_name(cap)
+    address = _capsule_pointer(cap, name)
+    struct = operands.DLManagedTensorVersioned if versioned else operands.DLManagedTensor
+    assert _capsule_set_name(cap, _USED) == 0        # what a consumer does when it takes the tensor
+    del arr, cap
+    gc.collect()
+    assert alive() is not None                        # the consumer's tensor still needs it
+    struct.from_address(address).deleter(address)    # the consumer is done
+    gc.collect()
+    assert alive() is None
+
+
+def test_dlpack_export_orders_the_consumer_stream(monkeypatch):
+    waits = []
+    monkeypatch.setattr(operands, "stream_wait", lambda *args: waits.append(args))
+    arr = _device_array("bf16", device=2, stream=7)
+    for stream in (7, -1):                            # the producing stream; "do not synchronise"
+        arr.__dlpack__(stream=stream)
+    assert waits == []
+    arr.__dlpack__(stream=9)
+    arr.__dlpack__()                                  # None: the legacy default stream
+    assert waits == [(9, 7, 2), (operands.LEGACY_STREAM, 7, 2)]
+    with pytest.raises(ValueError, match="ambiguous"):
+        arr.__dlpack__(stream=0)
+    with pytest.raises(BufferError):
+        arr.__dlpack__(stream=-1, dl_device=(1, 0))
+    with pytest.raises(BufferError):
+        arr.__dlpack__(stream=-1, copy=True)
+    arr.__dlpack__(stream=-1, dl_device=(2, 2), copy=False)
+
+
+class _LegacyOnly:
+    """A DLPack producer of before max_version: consumers fall back to the legacy capsule."""
+
+    def __init__(self, arr):
+        self.arr = arr
+
+    def __dlpack__(self, stream=None):
+        return self.arr.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self.arr.__dlpack_device__()
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_dlpack_export_read_by_cuda_core(dtype, legacy):
+    """An independent consumer (cuda.core, reading bfloat16 through ml_dtypes) agrees."""
+    pytest.importorskip("ml_dtypes")
+    utils = pytest.importorskip("cuda.core.utils")
+    arr = _device_array(dtype, shape=(4, 6))
+    alive = weakref.ref(arr)
+    smv = utils.StridedMemoryView.from_dlpack(_LegacyOnly(arr) if legacy else arr, stream_ptr=-1)
+    assert (smv.ptr, tuple(smv.shape), smv.device_id) == (arr.ptr, (4, 6), 1)
+    assert smv.strides is None or tuple(smv.strides) == (6, 1)
+    assert smv.dtype == operands.numpy_dtype(dtype)
+    del arr
+    gc.collect()
+    assert alive() is not None
+    del smv
+    gc.collect()
+    assert alive() is None

@@ -12,6 +12,7 @@ SIZES = [1, 7, 64, 127, 128, 129, 1000, 4096]
 # plus a few shapes with many tiles per persistent CTA
 SHAPES = latin_shapes(SIZES) + [(4096, 4096, 4096), (1000, 1000, 1000), (129, 4096, 4096)]
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
+CUPY_SHAPE = (1000, 2112, 7168)
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +52,13 @@ def test_cupy_in_cupy_out(dtype):
         np_dtype = ml_dtypes.bfloat16
     else:
         np_dtype = cp.float16
+    m, n, k = CUPY_SHAPE
     try:
-        a = cp.random.randn(1000, 7168).astype(np_dtype)
-        b = cp.random.randn(7168, 2112).astype(np_dtype)
+        a = cp.random.randn(m, k).astype(np_dtype)
+        b = cp.random.randn(k, n).astype(np_dtype)
     except Exception as exc:  # CuPy builds without bfloat16 support
         pytest.skip(f"CuPy cannot make {dtype} arrays here: {exc}")
-    out = cp.full((1000, 2112), cp.nan, dtype=np_dtype)
+    out = cp.full((m, n), cp.nan, dtype=np_dtype)
     res = jitgemm.gemm(a, b, out=out)
     assert isinstance(res, cp.ndarray) and res is out
     ref = a.astype(cp.float64) @ b.astype(cp.float64)

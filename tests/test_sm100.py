@@ -378,9 +378,6 @@ def test_cli_precompile_sm100(tmp_cache):
     assert {k["config"]["arch"] for k in summary["kernels"]} == {"sm_100a"}
 
 
-@pytest.mark.xfail(strict=True, reason="glue for the lead: kernels.prepare must take the sm_100a layout "
-                                       "(jitgemm.layout_sm100.layout_of) for sm_100a configs; remove this "
-                                       "marker once it does")
 def test_kernels_prepare_uses_the_sm100_layout():
     from jitgemm import kernels, layout_sm100
     src = kernels.prepare(VARIANTS["swap_1cta_n16"])
