@@ -131,6 +131,7 @@ def main(argv=None):
     parser.add_argument("--shapes", default=str(Path(__file__).with_name("public_shapes.txt")))
     parser.add_argument("--dtypes", default="bf16,fp16")
     parser.add_argument("--json", help="write all numbers to this file")
+    parser.add_argument("--markdown", help="write the table for BENCHMARKS.md to this file")
     parser.add_argument("--check", action="store_true", help="check each shape against a float64 reference first")
     args = parser.parse_args(argv)
     shapes = read_shapes(args.shapes)
@@ -163,7 +164,29 @@ def main(argv=None):
         print(f"{dtype:5} {gm:20.3f} {worst['m']}x{worst['n']}x{worst['k']} ({worst['ratio']:.3f})".rjust(30))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(summary))
     return summary
+
+
+def markdown(summary):
+    """The run as Markdown: conditions, then one table per dtype with the geometric mean."""
+    b, a = summary["gpu_before"], summary["gpu_after"]
+    lines = [f"{b.get('name')}, {summary['date']}, jitgemm {summary['jitgemm_version']}; SM clock "
+             f"{b.get('clocks.sm')} before / {a.get('clocks.sm')} after, power {b.get('power.draw')} before / "
+             f"{a.get('power.draw')} after (limit {b.get('power.limit')}); device-to-device copy "
+             f"{summary['copy_bandwidth_GBps']:.0f} GB/s (read + write).", ""]
+    for dtype, gm in summary["geomean"].items():
+        lines += [f"**{dtype}**: geometric mean of cuBLAS time / jitgemm time = **{gm:.3f}**", "",
+                  "| M | N | K | jitgemm µs | cuBLAS µs | ratio | jitgemm TFLOP/s | GB/s (% of copy) | config |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in summary["rows"]:
+            if r["dtype"] == dtype:
+                lines.append(f"| {r['m']} | {r['n']} | {r['k']} | {r['jitgemm_us']:.1f} | {r['cublas_us']:.1f} | "
+                             f"{r['ratio']:.3f} | {r['jitgemm_tflops']:.0f} | {r['jitgemm_gbps']:.0f} "
+                             f"({r['copy_fraction']:.0%}) | `{r['config'].removeprefix('sm_90a_')}` |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

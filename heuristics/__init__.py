@@ -8,7 +8,8 @@
 - `require_valid(config, problem, device, source)`: check_config that raises ValueError.
 
 sm_90a rules live in `sm90`, sm_100a rules in `sm100` (imported on first use); shared pieces
-(stage arithmetic, wave quantisation, raster, ranking) in `common`.
+(config checks, stage arithmetic, wave quantisation, raster, the pieces of the cost models,
+the search and ranking plumbing) in `common`.
 """
 from __future__ import annotations
 
@@ -20,15 +21,13 @@ from jitgemm.config import KernelConfig
 from jitgemm.problem import Problem
 
 from . import sm90
-from .common import DeviceSpec
+from .common import DeviceSpec, field_mismatches, with_fields
 
 __all__ = ["DeviceSpec", "select", "explain", "check_config", "config_from_env", "require_valid",
            "ENV_VAR", "SUPPORTED_ARCHS"]
 
 ENV_VAR = "JITGEMM_CONFIG"
 SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
-# Fields a config always takes from the problem (and the device), never from a forced config.
-PROBLEM_FIELDS = ("dtype", "out_dtype", "a_major", "b_major", "has_c")
 
 
 def _arch_module(arch: str):
@@ -65,15 +64,10 @@ def check_config(config: KernelConfig, problem: Problem, device: DeviceSpec) -> 
         return [f"the device arch {device.arch!r} is not supported; supported: {list(SUPPORTED_ARCHS)}"]
     if config.arch != device.arch:
         # The arch rules of the config would not apply to this device at all.
-        out = [f"arch is {config.arch!r} but the device is {device.arch!r}"]
-        out += [f"{name} is {getattr(config, name)!r} but the problem has {getattr(problem, name)!r}"
-                for name in PROBLEM_FIELDS if getattr(config, name) != getattr(problem, name)]
-        return out
-    module = _arch_module(device.arch)
-    checker = getattr(module, "check_config", None)
+        return field_mismatches(config, problem, device)
+    checker = getattr(_arch_module(device.arch), "check_config", None)
     if checker is None:           # an arch module without its own checks: the common ones
-        return [f"{name} is {getattr(config, name)!r} but the problem has {getattr(problem, name)!r}"
-                for name in PROBLEM_FIELDS if getattr(config, name) != getattr(problem, name)]
+        return field_mismatches(config, problem, device)
     return checker(config, problem, device)
 
 
@@ -119,7 +113,10 @@ def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> Kerne
     other (and no cluster when select's pairing does not fit the tile given), num_stages (as many
     as fit) and split_k (the cost model's best for that tile) when the tile changes, and the
     raster when the tile or split_k changes. `{"split_k": 4}` alone keeps select's tile and
-    splits its K range up to 4 ways; `{"split_k": 1}` turns split-K off. arch comes from the
+    splits its K range up to 4 ways; `{"split_k": 1}` turns split-K off. On sm_100a the same by
+    the sm100 rules: num_consumers = block_m // 128, multicast 'A' under swap_ab else 'B' for a
+    2-CTA pair (and 'none' without), num_stages and the raster by sm100's rules when the tile or
+    swap_ab changes. arch comes from the
     device and dtype, out_dtype, a_major, b_major, has_c from the problem: giving a different
     value is an error. Raises ValueError naming JITGEMM_CONFIG and the reasons.
     """
@@ -141,17 +138,34 @@ def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> Kerne
                 merged["multicast"] = "none"
             elif merged["multicast"] == "none":   # pair along the longer side by default
                 merged["multicast"] = "A" if problem.n >= problem.m else "B"
+    elif device.arch == "sm_100a":
+        # The sm100 rules: one MMA consumer per 128 kernel rows; a 2-CTA pair splits the MMA-B
+        # side, the user's B, or A under swap_ab.
+        if "block_m" in data and "num_consumers" not in data:
+            merged["num_consumers"] = max(1, merged["block_m"] // 128)
+        if "multicast" in data and "cluster_size" not in data:
+            merged["cluster_size"] = 1 if merged["multicast"] == "none" else 2
+        if "multicast" not in data and ("cluster_size" in data or "swap_ab" in data):
+            merged["multicast"] = ("A" if merged["swap_ab"] else "B") if merged["cluster_size"] == 2 else "none"
     try:
         cfg = KernelConfig(**merged)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{ENV_VAR}={text!r}: {exc}") from None
     tile_changed = any(k in data for k in _TILE_FIELDS + ("out_dtype",))
+    if device.arch == "sm_100a" and (tile_changed or "swap_ab" in data):
+        from jitgemm.layout_sm100 import structural_problems as sm100_structural
+        sm100 = _arch_module("sm_100a")
+        if not sm100_structural(cfg):
+            if "num_stages" not in data:
+                cfg, _ = sm100.with_stages(cfg, device)
+            if "raster" not in data and "group_size" not in data:
+                cfg = sm100.with_raster(cfg, problem, device)
     if device.arch == "sm_90a" and (tile_changed or "split_k" in data):
         from jitgemm.layout import structural_problems
         if (tile_changed and structural_problems(cfg) and "cluster_size" not in data
                 and "multicast" not in data):
             # select's pairing does not fit the tile that was given: run without a cluster
-            cfg = KernelConfig(**{**cfg.to_dict(), "cluster_size": 1, "multicast": "none"})
+            cfg = with_fields(cfg, cluster_size=1, multicast="none")
         if not structural_problems(cfg):
             if tile_changed and "num_stages" not in data:
                 cfg, _ = sm90.with_stages(cfg, device)

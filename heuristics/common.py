@@ -11,20 +11,30 @@ The names below are a stable interface for the per-arch modules:
 - L2 raster: `tile_order`, `raster_footprint`, `choose_raster` (the tile walk of the templates'
   persistent scheduler, groups of block-rows or block-columns, optionally 2-CTA clusters).
 - Operand traffic: `covered_extent` (how much of a dimension the TMA boxes of all blocks read),
-  `dram_clk_per_byte` (per-CTA DRAM streaming rate with `a` CTAs streaming),
-  `dram_run_efficiency` (DRAM efficiency of the contiguous runs TMA boxes read).
+  `dram_stream_clk` (a CTA's time per stage streaming from DRAM: latency over the stages in
+  flight plus its share of the read bandwidth), `mma_rate` (the tensor-core rate with the
+  clock credit of a partly busy chip),
+  `dram_run_efficiency` (DRAM efficiency of the contiguous runs TMA boxes read), `Traffic`
+  (what a whole tiling reads, as each arch's `traffic` counts it).
+- Configs and checks: `PROBLEM_FIELDS`, `with_fields`, `base_config`, `with_stages`,
+  `field_mismatches`, `config_problems` (the checks every arch makes; each arch adds its own).
+- Cost-model pieces every arch's model is built from: `kblock_terms`, `wave_terms`,
+  `epilogue_clk`, `output_bytes`, `persistent_cost`, `report_terms`.
+- Search: `screen` (the rules every arch applies after its own: structure, pipeline depth),
+  `search` (arch check, candidates, ranking), `select_best` and `explain_search` (the bodies
+  of each arch's `select` and `explain`).
 - Ranking and reporting: `Candidate`, `Rejection`, `rank`, `best`, `explanation`,
-  `problem_dict`, `device_dict`, `describe_layout`.
+  `problem_dict`, `device_dict`, `describe_layout`, `slowest`.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from jitgemm.config import KernelConfig
 from jitgemm.layout import SMEM_CAPACITY, layout_of
-from jitgemm.problem import Problem
+from jitgemm.problem import DTYPE_BYTES, Problem
 
 # ----------------------------------------------------------------------------- device
 
@@ -35,61 +45,98 @@ class ArchRates:
 
     The cost is in modelled clock cycles at `clock_ghz` (the sustained SM clock under a GEMM
     load); measured bandwidths are converted to bytes per clock at that clock. Defaults are
-    H200 numbers for 16-bit inputs, calibrated against H200 measurements (bf16, graph-replayed):
+    H200 numbers for 16-bit inputs, calibrated against H200 measurements (bf16, A K-major, B
+    N-major, 132 SMs; per-call medians of CUDA-graph replays rotating through input copies
+    that defeat L2; the table of points is tests/test_heuristics.py::H200_MEASURED):
 
-    - `mma_flops_per_clk` 3200: sustained wgmma rate, 78% of the 4096 peak (the clock drops under
-      a full tensor-core load). 4096^3 (m128n256 pairs) then models 194 us, in line with its
-      measured parity with cuBLAS at the usual 700-750 TFLOP/s (at 4096: 152 us, 900 TFLOP/s),
-      and 4096x2112x7168 (m128n176 A pairs, measured 1.06x cuBLAS) 181 us.
+    - `mma_flops_per_clk` 3200: sustained wgmma rate with every SM busy, 78% of the 4096 peak
+      (the clock drops under a full tensor-core load). 4096^3 (m128n256 pairs) then models
+      196 us against 190-194 measured, 4096x2112x7168 (m128n176 A pairs) 184 against 179-184.
+    - `mma_peak_flops_per_clk` 4096: the rate when few SMs are busy (the chip stays under its
+      power limit, the clock stays up): see `mma_rate`, rate = min(peak, 3200 x SMs / busy).
+      Fixed by 4096x576x7168: the unsplit m128n192 (96 CTAs, one wave) runs in 54.6 us, 12%
+      faster than 3200 FLOPs/clock allow (62.9 us of tensor-core time alone).
+    - `l2_sm_bytes_per_clk` 96: L2 -> one SM. Fixed by 128x2112x7168 with m128n64 unsplit (33
+      CTAs, 24 KB per k-block each: 23.1 us measured needs >= 74) and by m128n128 split 4
+      ranking ahead of m64n128 on 128x4096x7168 (28.0 us measured; 80 would flip it).
     - `l2_total_bytes_per_clk` 4500: about 7.9 TB/s of L2 -> SM reads chip-wide, which keeps
-      4096x2112x7168 just L2 bound (32 KB of L2 reads per CTA and k-block). 4096x576x7168 with
-      m128n176 (one wave of 128 CTAs, 521 MB out of L2) models 66.6 us against the measured
-      83.5 us (-20%; the former constants gave 43-49 us); fitting it exactly (~3600) would make
-      4096x2112x7168 and 128x7168x16384 20-25% too slow.
-    - `hbm_bytes_per_clk` 2400: the measured device-to-device copy bandwidth, 4.2 TB/s.
-    - `cta_dram_bytes_per_clk` 40: about 70 GB/s, what one CTA streaming alone can pull from
-      DRAM (one TMA producer with a few stages in flight against a loaded DRAM latency of 1-2
-      us; the middle of the 60-80 GB/s measured). With the copy bandwidth it gives the per-CTA
-      DRAM rate when `a` CTAs stream: 1 / (1/cta + a * q), q chosen so that all SMs streaming
-      get exactly the copy bandwidth (see `dram_clk_per_byte`).
-    - `dram_run_overhead_bytes` 32: DRAM streams contiguous runs at run / (run + 32) of the copy
-      bandwidth (row activations and sector granularity are paid per run, not per byte). TMA
-      reads one run per row of a box: 128 bytes for a K-major operand, the whole tile width of
-      an MN-major one. Set so that 128-byte runs stream at 80%, which puts 1x7168x2048 (m64n64,
-      112 CTAs, N-major B: 0.79x cuBLAS, ~66% of the copy bandwidth) within ~10% of its
-      measurement.
+      4096x2112x7168 just L2 bound (32 KB of L2 reads per CTA and k-block) and puts
+      4096x576x7168 m128n192 (96 CTAs x 40 KB a k-block) at 58.9 us against the measured 54.6,
+      the m128n144/n160 A pairs at 59.8/57.0 against 60.3/61.1. (The unsplit m64n64 on
+      128x4096x7168, measured 24.5 us, would need ~6000: it models 32.7.)
+    - `hbm_bytes_per_clk` 2400: the measured device-to-device copy bandwidth, 4.2 TB/s (the
+      output and the split-K workspace go at this rate).
+    - `dram_read_bytes_per_clk` 2550: read-only streaming, 4.46 TB/s, above the copy rate (no
+      read/write turnarounds; 93% of the 4.8 TB/s peak). Fixed by 64x4096x7168 with m64n64
+      (64 CTAs, 13 stages): 59.6 MB in 18.9 us end to end, which a stream at the copy rate
+      plus the launch cannot reach.
+    - `dram_latency_clk` 1000: the loaded DRAM round trip a CTA's stages must cover, 0.57 us.
+      A CTA streaming from DRAM spends, per stage, this latency over the stages in flight plus
+      its share of the read bandwidth (`dram_stream_clk`): per-CTA bytes in flight over the
+      latency is the rate of a latency-bound stream. Fixed by the unsplit tiles of
+      1x4096x7168 (22-43 CTAs, 6-8 stages: m64n128 29.5 us, m64n192 34.5, m64n96 36.3, m64n144
+      38.4, modelled 27.5, 35.7, 31.7, 35.4) together with the deep m64n64 (13 stages) of 1x7168x2048 and
+      64x4096x7168 (13.3 and 18.9 us; modelled 11.8 and 23.2: the latency makes the former too
+      fast and the latter too slow, so it cannot go far either way).
+    - `dram_run_overhead_bytes` 16: DRAM streams contiguous runs at run / (run + 16) of the
+      bandwidth. A run is one row of one TMA box: 128 bytes K-major, a piece of the swizzle
+      width MN-major (32-byte pieces stream at 67%, 64 at 80%, 128 at 89%). Fixed by the
+      narrow N-major tiles of 128x576x7168: m64n48 (three 16-column pieces) 22.7 us unsplit
+      against 16.8 for m64n32 and 16.7 for m64n64.
+    - `load_latency_clk` 1000: the TMA round trip out of L2 (data already in L2).
+    - `launch_clk` 4500: 2.6 us per launch: the kernel node of the graph, the CTAs' start
+      (barriers, tensor-map prefetch), the first load's latency and the last tile's drain;
+      constant per launch, so it shifts every candidate alike. Fixed with the above as the
+      offset of the memory-bound small-M points (e.g. 128x32768x512 with m128n256, one wave at the
+      DRAM floor: 14.8 us measured, 13.9 modelled).
     """
-    mma_flops_per_clk: int = 3200        # dense 16-bit tensor-core FLOPs per SM per clock, sustained
+    mma_flops_per_clk: int = 3200        # dense 16-bit tensor-core FLOPs per SM per clock, all SMs busy
+    mma_peak_flops_per_clk: int = 4096   # ... with few SMs busy (the clock credit, see mma_rate)
     smem_bytes_per_clk: int = 128        # shared-memory bandwidth per SM
-    l2_sm_bytes_per_clk: int = 64        # L2 -> one SM ingress
+    l2_sm_bytes_per_clk: int = 96        # L2 -> one SM ingress
     l2_total_bytes_per_clk: int = 4500   # L2 -> all SMs (7.9 TB/s at 1.75 GHz, calibrated, see above)
     hbm_bytes_per_clk: int = 2400        # DRAM copy bandwidth (H200: 4.2 TB/s at 1.75 GHz)
-    cta_dram_bytes_per_clk: int = 40     # DRAM -> one CTA streaming alone (70 GB/s at 1.75 GHz)
-    dram_run_overhead_bytes: int = 32    # DRAM efficiency of a contiguous run: run / (run + this)
-    load_latency_clk: int = 1000         # TMA load round trip the pipeline must cover
+    dram_read_bytes_per_clk: int = 2550  # DRAM read-only streaming (4.46 TB/s)
+    dram_latency_clk: int = 1000         # loaded DRAM round trip the stages in flight must cover
+    dram_run_overhead_bytes: int = 16    # DRAM efficiency of a contiguous run: run / (run + this)
+    load_latency_clk: int = 1000         # TMA load round trip out of L2 the pipeline must cover
+    launch_clk: int = 4500               # per launch: launch, ramp, first load, drain (2.6 us)
     clock_ghz: float = 1.75              # sustained SM clock the per-clock rates are quoted at
 
 
-ARCH_RATES = {"sm_90a": ArchRates(), "sm_100a": ArchRates(mma_flops_per_clk=8192, l2_total_bytes_per_clk=8192,
-                                                            hbm_bytes_per_clk=4000)}
+# sm_100a: placeholders until it is measured (sm100's model uses the tensor-core, shared-memory,
+# L2 and latency rates; no clock credit; the ingress and run overhead the former sm_90a ones).
+ARCH_RATES = {"sm_90a": ArchRates(),
+              "sm_100a": ArchRates(mma_flops_per_clk=8192, mma_peak_flops_per_clk=8192, l2_sm_bytes_per_clk=64,
+                                   l2_total_bytes_per_clk=8192, hbm_bytes_per_clk=4000,
+                                   dram_read_bytes_per_clk=4000, dram_run_overhead_bytes=32)}
 
 
-def dram_clk_per_byte(rates: ArchRates, num_sms: int, active: int) -> float:
-    """Clock cycles one CTA spends per byte it streams from DRAM while `active` CTAs stream.
+def dram_stream_clk(rates: ArchRates, stages: int, bytes_per_stage: float, active: int) -> float:
+    """Clock cycles one CTA spends per pipeline stage (k-block) streaming `bytes_per_stage` from
+    DRAM while `active` CTAs stream.
 
-    Two limits in series: what a CTA alone can pull (`cta_dram_bytes_per_clk`) and DRAM
-    queueing, which grows with the number of streams: 1/cta + active * q. q is set so that
-    `num_sms` streams together get the copy bandwidth (num_sms / hbm per byte and CTA); with
-    fewer streams each gets more, up to the per-CTA limit, and the chip gets less than the copy
-    bandwidth: that is the credit for spreading a memory-bound problem over more SMs.
+    Two times in series: the loaded DRAM round trip over the stages the producer keeps in flight
+    (`dram_latency_clk / (stages - 1)`: a CTA streaming alone is latency bound, so its rate is its
+    bytes in flight over the latency), and the CTA's share of the read bandwidth (`active *
+    bytes / dram_read_bytes_per_clk`: the queueing behind the other streams). More streaming CTAs
+    get more of the bandwidth, deeper pipelines more per CTA.
     """
-    per_cta = 1.0 / rates.cta_dram_bytes_per_clk
-    q = max(0.0, 1.0 / rates.hbm_bytes_per_clk - per_cta / max(1, num_sms))
-    return per_cta + max(1, active) * q
+    latency = rates.dram_latency_clk / max(1, stages - 1) if bytes_per_stage > 0 else 0.0
+    return latency + max(1, active) * bytes_per_stage / rates.dram_read_bytes_per_clk
+
+
+def mma_rate(rates: ArchRates, num_sms: int, busy_ctas: int) -> float:
+    """Sustained tensor-core FLOPs per SM and clock when a kernel keeps `busy_ctas` of the
+    `num_sms` SMs busy: the clock drops under a full tensor-core load (power limit), so
+    `mma_flops_per_clk` with every SM busy, more with fewer, in proportion (the same chip power),
+    up to `mma_peak_flops_per_clk`."""
+    busy = min(max(1, busy_ctas), num_sms)
+    return min(float(rates.mma_peak_flops_per_clk), rates.mma_flops_per_clk * num_sms / busy)
 
 
 def dram_run_efficiency(rates: ArchRates, run_bytes: float) -> float:
-    """Fraction of the copy bandwidth DRAM delivers to a stream of `run_bytes` contiguous runs."""
+    """Fraction of the bandwidth DRAM delivers to a stream of `run_bytes` contiguous runs."""
     return run_bytes / (run_bytes + rates.dram_run_overhead_bytes)
 
 
@@ -122,6 +169,60 @@ def ceil_div(a: int, b: int) -> int:
 
 def round_up(a: int, b: int) -> int:
     return ceil_div(a, b) * b
+
+
+# ----------------------------------------------------------------------------- configs
+
+# Fields a config always takes from the problem, never from a tile choice or a forced config.
+PROBLEM_FIELDS = ("dtype", "out_dtype", "a_major", "b_major", "has_c")
+
+
+def with_fields(cfg: KernelConfig, **changes) -> KernelConfig:
+    """`cfg` with the fields in `changes` replaced (validated again by KernelConfig)."""
+    return KernelConfig(**{**cfg.to_dict(), **changes})
+
+
+def base_config(problem: Problem, device: DeviceSpec, **tile) -> KernelConfig:
+    """The config of `problem` on `device` with the tile fields in `tile` (block_m, block_n,
+    num_consumers, cluster_size, multicast, swap_ab...): the device's arch, the problem's
+    dtypes, majors and C, block_k = 128 bytes of K, and 2 pipeline stages (see `with_stages`)."""
+    return KernelConfig(arch=device.arch, dtype=problem.dtype, out_dtype=problem.out_dtype,
+                        a_major=problem.a_major, b_major=problem.b_major, has_c=problem.has_c,
+                        block_k=128 // DTYPE_BYTES[problem.dtype], num_stages=2, **tile)
+
+
+def field_mismatches(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
+    """Where `cfg` does not belong to `problem` on `device`: its arch, then PROBLEM_FIELDS."""
+    out = []
+    if cfg.arch != device.arch:
+        out.append(f"arch is {cfg.arch!r} but the device is {device.arch!r}")
+    for name in PROBLEM_FIELDS:
+        want, got = getattr(problem, name), getattr(cfg, name)
+        if want != got:
+            out.append(f"{name} is {got!r} but the problem has {want!r}")
+    return out
+
+
+def config_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec,
+                    structural: Callable[[KernelConfig], list[str]], layout_of_cfg: Callable,
+                    arch_rules: Callable[[KernelConfig], list[str]] | None = None) -> list[str]:
+    """The checks of every arch's `check_config`, in words (empty when `cfg` can run): the
+    field mismatches, the arch's structural rules (`structural(cfg)`, its layout module's
+    structural_problems), the arch's own rules (`arch_rules(cfg)`), and, for a structurally
+    sound config, the shared memory of its layout (`layout_of_cfg(cfg)`) against the device's.
+    """
+    out = field_mismatches(cfg, problem, device)
+    found = structural(cfg)
+    out.extend(found)
+    if arch_rules is not None:
+        out.extend(arch_rules(cfg))
+    if not found:
+        lay = layout_of_cfg(cfg)
+        if lay.smem_bytes > device.smem_capacity:
+            out.append(f"needs {lay.smem_bytes} bytes of shared memory ({cfg.num_stages} stages x "
+                       f"{lay.stage_bytes} + {lay.out_bytes} output staging + barriers), more than "
+                       f"the {device.smem_capacity} of {device.arch}")
+    return out
 
 
 # ----------------------------------------------------------------------------- stages
@@ -177,6 +278,15 @@ def stage_rule(block_m: int, block_n: int, stages: int) -> str | None:
         return (f"only {stages} pipeline stages fit shared memory; tiles smaller than 128x192 "
                 f"need >= {MIN_STAGES_SMALL_TILE}")
     return None
+
+
+def with_stages(cfg: KernelConfig, device: DeviceSpec,
+                smem_of: Callable[[KernelConfig], int] | None = None) -> tuple[KernelConfig, int]:
+    """(`cfg` with as many pipeline stages as fit the device's shared memory (capped at
+    MAX_STAGES; at least 2), the count that fits (0 when not even 2 do)). `smem_of`: the
+    arch's shared-memory formula, as for `max_stages`."""
+    stages = max_stages(cfg, device.smem_capacity, MAX_STAGES, smem_of)
+    return with_fields(cfg, num_stages=max(2, stages)), stages
 
 
 # ----------------------------------------------------------------------------- waves
@@ -294,6 +404,15 @@ def choose_raster(num_m: int, num_n: int, rows_per_m: int, cols_per_n: int, slot
 # ----------------------------------------------------------------------------- traffic
 
 
+@dataclass(frozen=True)
+class Traffic:
+    """Operand traffic of a whole problem for one tiling, in K-slices (x K x elem = bytes)."""
+    cta_tiles: int        # tiles computed, including a pair's recomputed peer past the edge
+    cluster_tiles: int    # work items of the persistent scheduler: tiles, or pairs of tiles
+    l2_reads: int         # rows + columns read out of L2, all CTAs together (a shared operand once per pair)
+    ingress: int          # rows + columns landing in shared memory, all CTAs together
+
+
 def covered_extent(size: int, block: int, box: int) -> int:
     """Elements of one dimension read by all blocks together, when block i (origin i*block)
     loads `box` >= `block` elements clipped at `size` (TMA does not fetch out-of-bounds
@@ -309,6 +428,80 @@ def covered_extent(size: int, block: int, box: int) -> int:
     for j in range(full, nblocks):
         total += min(box, size - j * block)
     return total
+
+
+# ----------------------------------------------------------------------------- cost pieces
+
+
+def kblock_terms(rates: ArchRates, cfg: KernelConfig, tr: Traffic, slice_bytes: int,
+                 smem_clk: float, mma_flops_per_clk: float | None = None) -> tuple[dict, float]:
+    """(the per-k-block times of one CTA that do not depend on how many CTAs run, the bytes one
+    CTA reads from L2 per k-block). The times, clock cycles: "mma" (tensor core on the tile),
+    "smem" (the arch's shared-memory time, `smem_clk`), "l2_ingress" (the bytes landing in the
+    CTA's shared memory over its L2 port) and "latency" (the TMA round trip over the pipeline
+    depth). `slice_bytes`: one row or column of a k-block; `tr`: the tiling's traffic;
+    `mma_flops_per_clk`: the tensor-core rate (default the rates', see `mma_rate`)."""
+    ingress = tr.ingress * slice_bytes / tr.cta_tiles
+    mma = mma_flops_per_clk or rates.mma_flops_per_clk
+    terms = {"mma": 2 * cfg.block_m * cfg.block_n * cfg.block_k / mma,
+             "smem": smem_clk,
+             "l2_ingress": ingress / rates.l2_sm_bytes_per_clk,
+             "latency": rates.load_latency_clk / max(1, cfg.num_stages - 1)}
+    return terms, tr.l2_reads * slice_bytes / tr.cta_tiles
+
+
+def wave_terms(rates: ArchRates, fixed: dict, l2_read: float, active_ctas: int, **more: float) -> tuple[dict, str]:
+    """(the per-k-block times of one CTA while `active_ctas` CTAs run, the slowest of them): the
+    `fixed` ones of `kblock_terms`, the CTA's share of the chip-wide L2 bandwidth ("l2") and the
+    arch's `more`."""
+    terms = {**fixed, "l2": active_ctas * l2_read / rates.l2_total_bytes_per_clk, **more}
+    return terms, slowest(terms)
+
+
+def epilogue_clk(rates: ArchRates, out_bytes: float, has_c: bool, fixed_clk: float, c_load_clk: float) -> float:
+    """Clock cycles of writing `out_bytes` of output: staged through shared memory, plus the
+    fixed cost; with C, the wait for its load and its bytes over the L2 port as well."""
+    clk = out_bytes / rates.smem_bytes_per_clk + fixed_clk
+    if has_c:
+        clk += c_load_clk + out_bytes / rates.l2_sm_bytes_per_clk
+    return clk
+
+
+def output_bytes(problem: Problem) -> int:
+    """DRAM bytes of the output: D written, and C read when the problem has one."""
+    return problem.m * problem.n * DTYPE_BYTES[problem.out_dtype] * (2 if problem.has_c else 1)
+
+
+def persistent_cost(w: Waves, cluster: int, wave_time: Callable[[int], tuple[float, str]],
+                    hbm_clk: float, tail_clk: float = 0.0) -> tuple[float, float, str]:
+    """(cost, SM-side time, bound) of a persistent kernel, clock cycles: every wave of `w` (work
+    units of `cluster` CTAs) but the last takes the time of a full one, the last its own
+    (`wave_time(active_ctas) -> (clocks, bound)`), then `tail_clk`; never below `hbm_clk`, the
+    time to stream what must come from DRAM once (the bound is then "hbm")."""
+    full, bound = wave_time(w.slots * cluster)
+    last, _ = wave_time(w.last_wave_tiles * cluster)
+    sm_time = (w.waves - 1) * full + last + tail_clk
+    if hbm_clk >= sm_time:
+        bound = "hbm"
+    return max(sm_time, hbm_clk), sm_time, bound
+
+
+def report_terms(w: Waves, tr: Traffic, bound: str, sm_clk: float, hbm_clk: float, k_bytes: int,
+                 cfg: KernelConfig, smem_bytes: int) -> dict:
+    """The cost terms every arch's `explain` reports for a candidate (JSON scalars): its waves,
+    the last wave's utilisation, the CTA tiles, the bound, the SM-side and DRAM-floor cycles, the
+    bytes read from L2 (`k_bytes`: K x the input element size), its shared memory and stages."""
+    return {
+        "waves": w.waves,
+        "last_wave_util": round(w.last_wave_util, 4),
+        "tiles": tr.cta_tiles,
+        "bound": bound,
+        "sm_cycles": round(sm_clk, 1),
+        "hbm_cycles": round(hbm_clk, 1),
+        "l2_bytes": tr.l2_reads * k_bytes,
+        "smem_bytes": smem_bytes,
+        "num_stages": cfg.num_stages,
+    }
 
 
 # ----------------------------------------------------------------------------- ranking
@@ -355,6 +548,73 @@ def best(candidates: Sequence[Candidate]) -> Candidate:
     if not candidates:
         raise ValueError("no legal kernel configuration")
     return min(candidates, key=Candidate.sort_key)
+
+
+def slowest(terms: dict) -> str:
+    """The name of the largest of the per-k-block time `terms` (the bound), ties by name."""
+    return max(terms, key=lambda k: (terms[k], k))
+
+
+# ----------------------------------------------------------------------------- search
+
+
+def screen(problem: Problem, device: DeviceSpec, layouts: Iterable[tuple[str, str | None, dict]],
+           structural: Callable[[KernelConfig], list[str]], rejected: list,
+           smem_of: Callable[[KernelConfig], int] | None = None) -> Iterator[KernelConfig]:
+    """The rules every arch applies after its own, in order, to tile layouts.
+
+    `layouts` yields (description, the arch's first rule against the layout or None, the tile
+    fields for `base_config`). A layout the arch's rule does not remove goes through the
+    template's structural rules (`structural(cfg)`), then gets as many pipeline stages as fit
+    (`with_stages`, with the arch's `smem_of`) and the pipeline-depth rule (`stage_rule`).
+    Yields the staged config of each layout that passes; appends a Rejection to `rejected` for
+    each one that does not, as it goes (so the caller's own rejections keep the layout order).
+    """
+    for desc, rule, tile in layouts:
+        if rule is None:
+            cfg = base_config(problem, device, **tile)
+            rule = "; ".join(structural(cfg)) or None
+        if rule is None:
+            cfg, stages = with_stages(cfg, device, smem_of)
+            rule = stage_rule(cfg.block_m, cfg.block_n, stages)
+        if rule is not None:
+            rejected.append(Rejection(desc, rule))
+            continue
+        yield cfg
+
+
+def search(arch: str, candidates: Callable[[Problem, DeviceSpec], tuple[list, list]], problem: Problem,
+           device: DeviceSpec) -> tuple[list[Candidate], list[Rejection]]:
+    """(the legal candidates ranked best first, the rejections) of an arch's
+    `candidates(problem, device)`. ValueError when `device` is not of `arch` or nothing is legal."""
+    if device.arch != arch:
+        raise ValueError(f"the {arch} heuristics do not select for {device.arch!r}")
+    legal, rejected = candidates(problem, device)
+    if not legal:
+        raise ValueError(f"no legal {arch} configuration for {problem.describe()}")
+    return rank(legal), rejected
+
+
+Finish = Callable[[KernelConfig, Problem, DeviceSpec], KernelConfig]
+
+
+def select_best(arch: str, candidates: Callable, finish: Finish, problem: Problem,
+                device: DeviceSpec) -> KernelConfig:
+    """An arch's `select`: the candidate its cost model ranks first (see `search`), completed by
+    `finish(cfg, problem, device)` (the arch's raster choice)."""
+    ranked, _ = search(arch, candidates, problem, device)
+    return finish(ranked[0].config, problem, device)
+
+
+def explain_search(arch: str, candidates: Callable, finish: Finish, problem: Problem, device: DeviceSpec,
+                   top: int, **extra) -> dict:
+    """An arch's `explain`: the report of a `search` (see `explanation`) with the best `top`
+    candidates, each completed by `finish` as `select_best` completes its choice, the first of
+    them chosen; `extra` keys (the cost model in words...) are added."""
+    ranked, rejected = search(arch, candidates, problem, device)
+    shown = [Candidate(finish(c.config, problem, device), c.cost, c.key, c.terms) for c in ranked[:max(1, top)]]
+    return explanation(problem, device, shown[0].config, shown, rejected, top,
+                       legal_candidates=len(ranked), **extra)
 
 
 def describe_layout(block_m: int, block_n: int, cluster_size: int = 1, multicast: str = "none",

@@ -27,15 +27,17 @@ from DRAM once.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 from jitgemm.config import KernelConfig
 from jitgemm.layout_sm100 import (MN_PIECE, TMEM_COLUMNS, UMMA_M, layout_of, smem_bytes,
                                   structural_problems)
 from jitgemm.problem import DTYPE_BYTES, Problem
 
-from .common import (MAX_STAGES, Candidate, DeviceSpec, Rejection, ceil_div, choose_raster, covered_extent,
-                     describe_layout, explanation, max_stages, rank, round_up, stage_rule, waves_of)
+from . import common
+from .common import (Candidate, DeviceSpec, Rejection, Traffic, ceil_div, choose_raster, config_problems,
+                     covered_extent, describe_layout, epilogue_clk, explain_search, kblock_terms, output_bytes,
+                     persistent_cost, report_terms, round_up, screen, select_best, wave_terms, waves_of,
+                     with_fields)
 
 ARCH = "sm_100a"
 
@@ -71,22 +73,7 @@ def tmem_columns(num_consumers: int, block_n: int) -> int:
 
 def check_config(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
     """Why `cfg` cannot run `problem` on `device` (sm_100a), in words; empty when it can."""
-    out = []
-    if cfg.arch != device.arch:
-        out.append(f"arch is {cfg.arch!r} but the device is {device.arch!r}")
-    for name in ("dtype", "out_dtype", "a_major", "b_major", "has_c"):
-        want, got = getattr(problem, name), getattr(cfg, name)
-        if want != got:
-            out.append(f"{name} is {got!r} but the problem has {want!r}")
-    structural = structural_problems(cfg)
-    out.extend(structural)
-    if not structural:
-        lay = layout_of(cfg)
-        if lay.smem_bytes > device.smem_capacity:
-            out.append(f"needs {lay.smem_bytes} bytes of shared memory ({cfg.num_stages} stages x "
-                       f"{lay.stage_bytes} + {lay.out_bytes} output staging + barriers), more than "
-                       f"the {device.smem_capacity} of {device.arch}")
-    return out
+    return config_problems(cfg, problem, device, structural_problems, layout_of)
 
 
 def _layout_rejection(problem: Problem, device: DeviceSpec, swap_ab: bool, consumers: int,
@@ -120,15 +107,6 @@ def _layout_rejection(problem: Problem, device: DeviceSpec, swap_ab: bool, consu
 
 
 # ----------------------------------------------------------------------------- cost model
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """Operand traffic of the kernel problem for one config, in K-slices (x K x elem = bytes)."""
-    cta_tiles: int        # tiles computed, including a pair's recomputed peer past the edge
-    cluster_tiles: int
-    l2_reads: int         # MMA-A rows + MMA-B columns read out of L2, all CTAs together
-    ingress: int          # the same, as landing in shared memory (equal: no TMA multicast)
 
 
 def traffic(km: int, kn: int, block_m: int, block_n: int, a_box: int, b_box: int, cluster: int) -> Traffic:
@@ -165,54 +143,28 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     # Per k-block of one CTA. The tensor core of each CTA does block_m x block_n (its rows of
     # the pair's M=256 MMA). UMMA reads A once per consumer row block and the CTA's part of B
     # once per consumer.
-    t_mma = 2 * bm * bn * bk / r.mma_flops_per_clk
-    b_cols_cta = bn // pair
-    t_smem = (bm + cfg.num_consumers * b_cols_cta) * slice_bytes / r.smem_bytes_per_clk
-    ingress = tr.ingress * slice_bytes / tr.cta_tiles
-    l2_read = tr.l2_reads * slice_bytes / tr.cta_tiles
-    t_ingress = ingress / r.l2_sm_bytes_per_clk
-    t_latency = r.load_latency_clk / max(1, cfg.num_stages - 1)
-    per_cta = {"mma": t_mma, "smem": t_smem, "l2_ingress": t_ingress, "latency": t_latency}
+    t_smem = (bm + cfg.num_consumers * (bn // pair)) * slice_bytes / r.smem_bytes_per_clk
+    per_cta, l2_read = kblock_terms(r, cfg, tr, slice_bytes, t_smem)
 
     # Writeback: the consumers' warpgroups run in parallel, each over its 128 x block_n part.
-    out_part = UMMA_M * bn * out_elem
-    epilogue = out_part / r.smem_bytes_per_clk + EPILOGUE_FIXED_CLK
-    if problem.has_c:
-        epilogue += C_LOAD_LATENCY_CLK + out_part / r.l2_sm_bytes_per_clk
+    epilogue = epilogue_clk(r, UMMA_M * bn * out_elem, problem.has_c, EPILOGUE_FIXED_CLK, C_LOAD_LATENCY_CLK)
     overlapped = lay.acc_stages == 2
 
     w = waves_of(tr.cluster_tiles, device.num_sms // pair)
-    slots_ctas = w.slots * pair
 
     def wave_time(active_ctas: int) -> tuple[float, str]:
-        terms = dict(per_cta)
-        terms["l2"] = active_ctas * l2_read / r.l2_total_bytes_per_clk
-        bound = max(terms, key=lambda k: (terms[k], k))
+        terms, bound = wave_terms(r, per_cta, l2_read, active_ctas)
         main = k_blocks * terms[bound]
         if overlapped:
             # The MMA runs the next tile while the writeback drains this one.
             return max(main, epilogue), bound if main >= epilogue else "epilogue"
         return main + epilogue, bound
 
-    full_time, bound = wave_time(slots_ctas)
-    last_time, _ = wave_time(w.last_wave_tiles * pair)
-    sm_time = (w.waves - 1) * full_time + last_time + (epilogue if overlapped else 0.0)
-    dram = ((problem.m + problem.n) * problem.k * elem
-            + problem.m * problem.n * out_elem * (2 if problem.has_c else 1))
-    hbm_time = dram / r.hbm_bytes_per_clk
-    cost = max(sm_time, hbm_time)
-    if hbm_time >= sm_time:
-        bound = "hbm"
+    hbm_time = ((problem.m + problem.n) * problem.k * elem + output_bytes(problem)) / r.hbm_bytes_per_clk
+    # (with the accumulator double-buffered, the last tile's writeback follows the last wave)
+    cost, sm_time, bound = persistent_cost(w, pair, wave_time, hbm_time, epilogue if overlapped else 0.0)
     terms = {
-        "waves": w.waves,
-        "last_wave_util": round(w.last_wave_util, 4),
-        "tiles": tr.cta_tiles,
-        "bound": bound,
-        "sm_cycles": round(sm_time, 1),
-        "hbm_cycles": round(hbm_time, 1),
-        "l2_bytes": tr.l2_reads * problem.k * elem,
-        "smem_bytes": lay.smem_bytes,
-        "num_stages": cfg.num_stages,
+        **report_terms(w, tr, bound, sm_time, hbm_time, problem.k * elem, cfg, lay.smem_bytes),
         "tmem_columns": lay.tmem_columns,
         "acc_stages": lay.acc_stages,
         "swap_ab": cfg.swap_ab,
@@ -227,21 +179,10 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
 # ----------------------------------------------------------------------------- search
 
 
-def _base_config(problem: Problem, device: DeviceSpec, swap_ab: bool, consumers: int, block_n: int,
-                 cluster: int) -> KernelConfig:
-    return KernelConfig(arch=device.arch, dtype=problem.dtype, out_dtype=problem.out_dtype,
-                        a_major=problem.a_major, b_major=problem.b_major, block_m=UMMA_M * consumers,
-                        block_n=block_n, block_k=128 // DTYPE_BYTES[problem.dtype], num_stages=2,
-                        num_consumers=consumers, cluster_size=cluster,
-                        multicast=shared_operand(swap_ab) if cluster == 2 else "none",
-                        has_c=problem.has_c, swap_ab=swap_ab)
-
-
 def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int]:
     """(`cfg` with as many pipeline stages as fit shared memory (capped; at least 2), the count
     that fits (0 when not even 2 do))."""
-    stages = max_stages(cfg, device.smem_capacity, MAX_STAGES, smem_of=smem_bytes)
-    return KernelConfig(**{**cfg.to_dict(), "num_stages": max(2, stages)}), stages
+    return common.with_stages(cfg, device, smem_of=smem_bytes)
 
 
 def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
@@ -252,68 +193,47 @@ def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> Kern
     raster, group, _ = choose_raster(ceil_div(km, cfg.block_m), ceil_div(kn, cfg.block_n), cfg.block_m,
                                      b_cols, device.num_sms // cfg.cluster_size,
                                      "B" if cfg.cluster_size == 2 else "none")
-    return KernelConfig(**{**cfg.to_dict(), "raster": raster, "group_size": group})
+    return with_fields(cfg, raster=raster, group_size=group)
 
 
-def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], list[Rejection]]:
-    """All legal candidates (costed, unranked, raster not yet chosen) and the rejected layouts."""
-    legal, rejected = [], []
+def _layouts(problem: Problem, device: DeviceSpec):
+    """(description, first rule against it or None, tile fields) of every sm_100a tile layout."""
     for swap_ab in (False, True):
         for cluster in CLUSTERS:
             for consumers in CONSUMERS:
                 for block_n in BLOCK_NS:
+                    multicast = shared_operand(swap_ab) if cluster == 2 else "none"
                     extra = {"swap_ab": True} if swap_ab else {}
-                    desc = describe_layout(UMMA_M * consumers, block_n, cluster,
-                                           shared_operand(swap_ab) if cluster == 2 else "none", **extra)
-                    rule = _layout_rejection(problem, device, swap_ab, consumers, block_n, cluster)
-                    if rule is None:
-                        base = _base_config(problem, device, swap_ab, consumers, block_n, cluster)
-                        structural = structural_problems(base)
-                        if structural:
-                            rule = "; ".join(structural)
-                    if rule is None:
-                        cfg, stages = with_stages(base, device)
-                        rule = stage_rule(UMMA_M * consumers, block_n, stages)
-                    if rule is not None:
-                        rejected.append(Rejection(desc, rule))
-                        continue
-                    legal.append(cost_of(problem, device, cfg))
+                    yield (describe_layout(UMMA_M * consumers, block_n, cluster, multicast, **extra),
+                           _layout_rejection(problem, device, swap_ab, consumers, block_n, cluster),
+                           dict(block_m=UMMA_M * consumers, block_n=block_n, num_consumers=consumers,
+                                cluster_size=cluster, multicast=multicast, swap_ab=swap_ab))
+
+
+def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], list[Rejection]]:
+    """All legal candidates (costed, unranked, raster not yet chosen) and the rejected layouts."""
+    rejected = []
+    legal = [cost_of(problem, device, cfg) for cfg in
+             screen(problem, device, _layouts(problem, device), structural_problems, rejected, smem_bytes)]
     return legal, rejected
 
 
-def _check_arch(device: DeviceSpec):
-    if device.arch != ARCH:
-        raise ValueError(f"heuristics.sm100 selects for {ARCH}, not {device.arch!r}")
+COST_MODEL = ("cycles of a persistent CTA, wave by wave: per k-block the max of tensor-core time "
+              "(padded tiles included), UMMA shared-memory operand reads (halved for B by the 2-CTA "
+              "MMA), L2->SM ingress, latency/(stages-1) and the CTA's share of chip L2 bandwidth; "
+              "plus the writeback per tile, hidden behind the next tile's MMAs when the TMEM "
+              "accumulator is double-buffered; never below streaming the operands from DRAM once")
 
 
 @functools.lru_cache(maxsize=4096)
 def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
     """The configuration the cost model ranks first (deterministic; cached per problem)."""
-    _check_arch(device)
-    legal, _ = candidates(problem, device)
-    if not legal:
-        raise ValueError(f"no legal sm_100a configuration for {problem.describe()}")
-    return with_raster(rank(legal)[0].config, problem, device)
+    return select_best(ARCH, candidates, with_raster, problem, device)
 
 
 def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
     """Why `select` chose what it chose: the best `top` candidates with their modelled cost and
     the layouts the rules removed (see common.explanation for the keys)."""
-    _check_arch(device)
-    legal, rejected = candidates(problem, device)
-    if not legal:
-        raise ValueError(f"no legal sm_100a configuration for {problem.describe()}")
-    ranked = rank(legal)
-    shown = []
-    for c in ranked[:max(1, top)]:
-        cfg = with_raster(c.config, problem, device)
-        shown.append(Candidate(cfg, c.cost, c.key, c.terms))
-    chosen = shown[0].config
-    model = ("cycles of a persistent CTA, wave by wave: per k-block the max of tensor-core time "
-             "(padded tiles included), UMMA shared-memory operand reads (halved for B by the 2-CTA "
-             "MMA), L2->SM ingress, latency/(stages-1) and the CTA's share of chip L2 bandwidth; "
-             "plus the writeback per tile, hidden behind the next tile's MMAs when the TMEM "
-             "accumulator is double-buffered; never below streaming the operands from DRAM once")
-    return explanation(problem, device, chosen, shown, rejected, top, legal_candidates=len(legal),
-                       cost_model=model, note="sm_100a kernels are compiled and SASS-checked only; "
-                                              "they have not run on Blackwell hardware")
+    return explain_search(ARCH, candidates, with_raster, problem, device, top, cost_model=COST_MODEL,
+                          note="sm_100a kernels are compiled and SASS-checked only; "
+                               "they have not run on Blackwell hardware")

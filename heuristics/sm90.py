@@ -11,29 +11,31 @@ raster (groups of 8 or 16 block-rows or -columns) is chosen last, for the smalle
 
 The cost model counts clock cycles of a persistent CTA, wave by wave over the work units
 (cluster tiles x splits; so wave quantisation and the last wave's utilisation are in it): per
-k-block the slowest of tensor-core time, shared-memory traffic (TMA writes and wgmma reads),
-L2->SM ingress, TMA latency over the pipeline depth, the CTA's share of the chip-wide L2
-bandwidth (which a multicast operand halves) and its DRAM streaming time (a per-CTA limit in
-series with DRAM queueing, so more streaming CTAs get more of the copy bandwidth, and runs of
-contiguous bytes that stream the better the longer they are); plus, per unit, the split-K
-fix-up (fp32 partials to the workspace and back: their bytes, the fence and the tile's atomic,
-and the dependent L2 round trips of the last split's read-back, serial after the main loop)
-and the epilogue (the template overlaps neither with the main loop); the whole never below the
-time to stream the operands (and the workspace) from DRAM once. Rates and their calibration
-against H200 measurements: common.ArchRates.
+k-block the slowest of tensor-core time (at the rate the busy SMs' clock allows), shared-memory
+traffic (TMA writes and wgmma reads), L2->SM ingress, TMA latency over the pipeline depth, the
+CTA's share of the chip-wide L2 bandwidth (which a multicast operand halves) and its DRAM
+streaming time (the loaded DRAM latency over the stages in flight, in series with the CTA's
+share of the read bandwidth, with runs of contiguous bytes that stream the better the longer
+they are); plus, per unit, the split-K fix-up (fp32 partials to the workspace and back: their
+bytes, the fence and the tile's atomic, and the dependent L2 round trips of the last split's
+read-back, serial after the main loop) and the epilogue (the template overlaps neither with the
+main loop); the whole never below the time to stream the operands (and the workspace) from DRAM
+once; plus a fixed cost per launch, more for a split-K launch (its workspace's graph nodes).
+Rates and their calibration against H200 measurements: common.ArchRates.
 """
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 from jitgemm.config import KernelConfig
 from jitgemm.layout import WGMMA_M, layout_of, structural_problems
 from jitgemm.problem import DTYPE_BYTES, Problem
 
-from .common import (MAX_STAGES, Candidate, DeviceSpec, Rejection, ceil_div, choose_raster, covered_extent,
-                     describe_layout, dram_clk_per_byte, dram_run_efficiency, explanation, max_stages, rank,
-                     stage_rule, waves_of)
+from . import common
+from .common import (Candidate, DeviceSpec, Rejection, Traffic, ceil_div, choose_raster, config_problems,
+                     covered_extent, describe_layout, dram_run_efficiency, dram_stream_clk, epilogue_clk,
+                     explain_search, kblock_terms, mma_rate, output_bytes, persistent_cost, rank, report_terms, screen,
+                     select_best, wave_terms, waves_of, with_fields)
 
 ARCH = "sm_90a"
 
@@ -52,6 +54,8 @@ CLUSTERS = ((1, "none"), (2, "A"), (2, "B"))
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 MIN_KB_PER_SPLIT = 4           # keep >= 4 K blocks per split: shorter ones do not amortise the fix-up
 MAX_SPLIT_WAVES = 2            # split only up to 2 waves of work units: past that there is nothing to fill
+SPLITK_ACC_REG_LIMIT = 112     # the fix-up's loads and addresses need registers too: m128n240 (120
+                               # accumulators) split 4 spills 8 bytes (NVRTC, sm_90a), m128n224 does not
 
 # Fixed per-tile costs of the epilogue, clock cycles.
 EPILOGUE_FIXED_CLK = 400       # drain the last wgmma, barriers, issue the TMA stores
@@ -63,6 +67,12 @@ C_LOAD_LATENCY_CLK = 1000      # has_c: the C tile is loaded after the main loop
 L2_ROUND_TRIP_CLK = 600        # a strong global load/atomic to L2 and back, under load
 SPLITK_SYNC_ROUND_TRIPS = 2    # store fence + atomic
 PARTIAL_BYTES = 4              # fp32 partial sums
+# Split-K's extra per launch: under graph capture the workspace is a stream-ordered alloc,
+# memset and free around the kernel (jitgemm/launch.py), ~1.7 us of graph nodes. With the
+# fix-up's round trips a split launch pays ~3.5-4 us more than an unsplit one: fixed by
+# 64x4096x7168 m64n64 (split 2: 22.7 us against 18.9 unsplit) and 128x2112x7168 m128n64
+# (split 3: 17.8 us against 23.1 unsplit).
+SPLITK_LAUNCH_CLK = 3000
 
 
 def num_consumers_for(block_m: int) -> int:
@@ -98,25 +108,10 @@ def _register_problems(cfg: KernelConfig) -> list[str]:
 
 def check_config(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
     """Why `cfg` cannot run `problem` on `device` (sm_90a), in words; empty when it can."""
-    out = []
-    if cfg.arch != device.arch:
-        out.append(f"arch is {cfg.arch!r} but the device is {device.arch!r}")
-    for name in ("dtype", "out_dtype", "a_major", "b_major", "has_c"):
-        want, got = getattr(problem, name), getattr(cfg, name)
-        if want != got:
-            out.append(f"{name} is {got!r} but the problem has {want!r}")
-    if cfg.swap_ab:
-        out.append("swap_ab is an sm_100a option; the sm_90a kernel does not swap A and B")
-    structural = structural_problems(cfg)
-    out.extend(structural)
-    out.extend(_register_problems(cfg))
-    if not structural:
-        lay = layout_of(cfg)
-        if lay.smem_bytes > device.smem_capacity:
-            out.append(f"needs {lay.smem_bytes} bytes of shared memory ({cfg.num_stages} stages x "
-                       f"{lay.stage_bytes} + {lay.out_bytes} output staging + barriers), more than "
-                       f"the {device.smem_capacity} of {device.arch}")
-    return out
+    def arch_rules(c: KernelConfig) -> list[str]:
+        swap = ["swap_ab is an sm_100a option; the sm_90a kernel does not swap A and B"] if c.swap_ab else []
+        return swap + _register_problems(c)
+    return config_problems(cfg, problem, device, structural_problems, layout_of, arch_rules)
 
 
 def _layout_rejection(problem: Problem, device: DeviceSpec, block_m: int, block_n: int,
@@ -159,8 +154,11 @@ def split_choices(problem: Problem, device: DeviceSpec, block_m: int, block_n: i
                   multicast: str, block_k: int) -> list[int]:
     """The split_k values worth costing for a layout: 1, and each of SPLITS that leaves every
     split >= MIN_KB_PER_SPLIT K blocks and the work units (cluster tiles x splits) within
-    MAX_SPLIT_WAVES waves of the persistent grid."""
+    MAX_SPLIT_WAVES waves of the persistent grid; only 1 for tiles of more than
+    SPLITK_ACC_REG_LIMIT accumulators per math thread."""
     k_blocks = ceil_div(problem.k, block_k)
+    if acc_regs(block_m, block_n, num_consumers_for(block_m)) > SPLITK_ACC_REG_LIMIT:
+        return [1]
     units = cluster_tiles_of(problem, block_m, block_n, multicast)
     slots = max(1, device.num_sms // cluster)
     return [s for s in SPLITS
@@ -210,15 +208,6 @@ def partial_rows(m: int, block_m: int, num_consumers: int) -> int:
 # ----------------------------------------------------------------------------- cost model
 
 
-@dataclass(frozen=True)
-class Traffic:
-    """Operand traffic of a whole problem for one config, in elements of K-slices (x K x elem = bytes)."""
-    cta_tiles: int        # tiles computed, including a pair's recomputed peer past the edge
-    cluster_tiles: int
-    l2_reads: int         # rows of A + columns of B read out of L2 (a multicast operand once per pair)
-    ingress: int          # rows + columns landing in shared memory, all CTAs together
-
-
 def traffic(problem: Problem, block_m: int, block_n: int, b_box: int, multicast: str) -> Traffic:
     m, n = problem.m, problem.n
     num_m, num_n = ceil_div(m, block_m), ceil_div(n, block_n)
@@ -245,14 +234,18 @@ def b_box_of(cfg: KernelConfig) -> int:
     return cfg.block_n if b.major_is_k else b.num_pieces * b.piece_extent
 
 
-def dram_runs(problem: Problem, cfg: KernelConfig, b_box: int) -> tuple[int, int]:
-    """Contiguous bytes per DRAM run of A and of B: a K-major box row is one K block (128
-    bytes); an MN-major tile's pieces of one K row are adjacent and loaded together, so its run
-    is the tile's whole width (clipped at the matrix edge)."""
+def dram_runs(problem: Problem, cfg: KernelConfig) -> tuple[int, int]:
+    """Contiguous bytes per DRAM run of A and of B: one row of one TMA box. A K-major box row is
+    one K block (128 bytes); an MN-major operand is loaded in pieces of its swizzle width, one
+    box each, so its runs are a piece wide (128 bytes for 64-column pieces, 64 or 32 for the
+    narrow swizzles of narrow tiles; clipped at the matrix edge). The pieces of one K row are
+    adjacent but separate requests: measured, m64n48 (three 16-column pieces) streams
+    128x576x7168 in 22.7 us against 16.8 for m64n32 (one 32-column piece) and 16.7 for m64n64."""
     elem = DTYPE_BYTES[problem.dtype]
+    lay = layout_of(cfg)
     k_run = cfg.block_k * elem
-    a_run = k_run if cfg.a_major == "K" else min(cfg.block_m, problem.m) * elem
-    b_run = k_run if cfg.b_major == "K" else min(b_box, problem.n) * elem
+    a_run = k_run if lay.a.major_is_k else min(lay.a.piece_extent, problem.m) * elem
+    b_run = k_run if lay.b.major_is_k else min(lay.b.piece_extent, problem.n) * elem
     return a_run, b_run
 
 
@@ -265,41 +258,35 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     b_box = b_box_of(cfg)
     tr = traffic(problem, bm, bn, b_box, cfg.multicast)
-    num_m, num_n = ceil_div(problem.m, bm), ceil_div(problem.n, bn)
+    num_m = ceil_div(problem.m, bm)
     k_blocks = ceil_div(problem.k, bk)
     splits = splits_used(cfg, problem.k)
     kb_unit = ceil_div(k_blocks, splits)                    # the longest split's K blocks
     slice_bytes = bk * elem                                 # one row/column of a k-block
 
-    # Per k-block of one CTA.
-    t_mma = 2 * bm * bn * bk / r.mma_flops_per_clk
-    # Shared memory, as DeepGEMM counts it: TMA writes of the stage (MN-major pieces padded to
-    # the swizzle width) plus one wgmma read of each operand tile.
-    t_smem = (lay.a.tile_bytes + lay.b.tile_bytes + (bm + bn) * slice_bytes) / r.smem_bytes_per_clk
-    ingress = tr.ingress * slice_bytes / tr.cta_tiles       # bytes landing per CTA per k-block
-    l2_read = tr.l2_reads * slice_bytes / tr.cta_tiles      # bytes read from L2 per CTA per k-block
-    # Bytes per CTA per k-block that come from DRAM: each element of A and B once, spread over
-    # the tiles (re-reads and the overhang of padded pieces hit L2), each operand weighted by
-    # the DRAM efficiency of the runs its boxes read (see dram_runs).
-    eff_a, eff_b = (dram_run_efficiency(r, run) for run in dram_runs(problem, cfg, b_box))
-    dram_read = (problem.m / eff_a + problem.n / eff_b) * slice_bytes / tr.cta_tiles
-    t_ingress = ingress / r.l2_sm_bytes_per_clk
-    t_latency = r.load_latency_clk / max(1, cfg.num_stages - 1)
-    per_cta = {"mma": t_mma, "smem": t_smem, "l2_ingress": t_ingress, "latency": t_latency}
+    w = waves_of(tr.cluster_tiles * splits, device.num_sms // cfg.cluster_size)
+    slots_ctas = w.slots * cfg.cluster_size
 
-    out_tile = bm * bn * out_elem
-    epilogue = out_tile / r.smem_bytes_per_clk + EPILOGUE_FIXED_CLK
-    if problem.has_c:
-        epilogue += C_LOAD_LATENCY_CLK + out_tile / r.l2_sm_bytes_per_clk
+    # Per k-block of one CTA. Shared memory, as DeepGEMM counts it: TMA writes of the stage
+    # (MN-major pieces padded to the swizzle width) plus one wgmma read of each operand tile.
+    # The tensor-core rate follows the CTAs the persistent grid keeps busy (the clock credit).
+    t_smem = (lay.a.tile_bytes + lay.b.tile_bytes + (bm + bn) * slice_bytes) / r.smem_bytes_per_clk
+    per_cta, l2_read = kblock_terms(r, cfg, tr, slice_bytes, t_smem, mma_rate(r, device.num_sms, slots_ctas))
+    # Bytes per CTA per k-block that come from DRAM: A once, B once per column block as its
+    # boxes cover it (the overhang of padded pieces is fetched by both neighbours at the same
+    # time: it comes from DRAM twice), spread over the tiles (the m blocks of a column share B
+    # through L2), each operand weighted by the DRAM efficiency of its runs (see dram_runs).
+    eff_a, eff_b = (dram_run_efficiency(r, run) for run in dram_runs(problem, cfg))
+    b_cov = covered_extent(problem.n, bn, b_box)
+    dram_read = (problem.m / eff_a + b_cov / eff_b) * slice_bytes / tr.cta_tiles
+
+    epilogue = epilogue_clk(r, bm * bn * out_elem, problem.has_c, EPILOGUE_FIXED_CLK, C_LOAD_LATENCY_CLK)
 
     # Split-K: every split parks its fp32 partial tile (only live rows) in the workspace; the
     # last one to arrive reads all of them back, then runs the epilogue.
     rows = partial_rows(problem.m, bm, cfg.num_consumers)   # per column of tiles, per split
     ws_tile = rows / num_m * bn * PARTIAL_BYTES              # bytes one split of a tile stores
     ws_total = splits * rows * bn * PARTIAL_BYTES * (tr.cta_tiles // num_m) if splits > 1 else 0
-
-    w = waves_of(tr.cluster_tiles * splits, device.num_sms // cfg.cluster_size)
-    slots_ctas = w.slots * cfg.cluster_size
 
     rounds = 0
     if splits > 1:
@@ -313,39 +300,29 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
         return rounds * L2_ROUND_TRIP_CLK + max(own, chip)
 
     def wave_time(active_ctas: int) -> tuple[float, str]:
-        terms = dict(per_cta)
-        terms["l2"] = active_ctas * l2_read / r.l2_total_bytes_per_clk
-        terms["dram"] = dram_read * dram_clk_per_byte(r, device.num_sms, active_ctas)
-        bound = max(terms, key=lambda k: (terms[k], k))
+        terms, bound = wave_terms(r, per_cta, l2_read, active_ctas,
+                                  dram=dram_stream_clk(r, cfg.num_stages, dram_read, active_ctas))
         return kb_unit * terms[bound] + fixup(active_ctas) + epilogue, bound
 
-    full_time, bound = wave_time(slots_ctas)
-    last_time, _ = wave_time(w.last_wave_tiles * cfg.cluster_size)
-    sm_time = (w.waves - 1) * full_time + last_time
-    dram = ((problem.m / eff_a + problem.n / eff_b) * problem.k * elem
-            + problem.m * problem.n * out_elem * (2 if problem.has_c else 1) + ws_total)
-    hbm_time = dram / r.hbm_bytes_per_clk
-    cost = max(sm_time, hbm_time)
-    if hbm_time >= sm_time:
-        bound = "hbm"
+    # The DRAM floor: the operands at the read-only streaming rate, output and workspace at the
+    # copy rate.
+    dram = (problem.m / eff_a + b_cov / eff_b) * problem.k * elem
+    hbm_time = dram / r.dram_read_bytes_per_clk + (output_bytes(problem) + ws_total) / r.hbm_bytes_per_clk
+    cost, sm_time, bound = persistent_cost(w, cfg.cluster_size, wave_time, hbm_time)
+    # Per launch: the kernel's launch, ramp and drain; split-K's graph nodes besides.
+    launch = r.launch_clk + (SPLITK_LAUNCH_CLK if splits > 1 else 0)
+    cost += launch
     terms = {
         "split_k": splits,
         "units": w.tiles,
         "kb_per_unit": kb_unit,
-        "waves": w.waves,
-        "last_wave_util": round(w.last_wave_util, 4),
-        "tiles": tr.cta_tiles,
-        "bound": bound,
-        "sm_cycles": round(sm_time, 1),
-        "hbm_cycles": round(hbm_time, 1),
-        "dram_efficiency": round((problem.m + problem.n) / (problem.m / eff_a + problem.n / eff_b), 4),
+        **report_terms(w, tr, bound, sm_time, hbm_time, problem.k * elem, cfg, lay.smem_bytes),
+        "dram_efficiency": round((problem.m + b_cov) / (problem.m / eff_a + b_cov / eff_b), 4),
+        "launch_cycles": launch,
         "splitk_cycles": round(fixup(slots_ctas), 1),
         "splitk_round_trips": rounds,
         "model_us": round(cost / (r.clock_ghz * 1e3), 2),
-        "l2_bytes": tr.l2_reads * problem.k * elem,
         "workspace_bytes": int(ws_total),
-        "smem_bytes": lay.smem_bytes,
-        "num_stages": cfg.num_stages,
         "acc_regs": lay.acc_regs,
     }
     # Ties (every candidate at the DRAM floor, or several tensor-core bound) go to the faster
@@ -358,20 +335,10 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
 # ----------------------------------------------------------------------------- search
 
 
-def _base_config(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, cluster: int,
-                 multicast: str) -> KernelConfig:
-    return KernelConfig(arch=device.arch, dtype=problem.dtype, out_dtype=problem.out_dtype,
-                        a_major=problem.a_major, b_major=problem.b_major, block_m=block_m,
-                        block_n=block_n, block_k=128 // DTYPE_BYTES[problem.dtype], num_stages=2,
-                        num_consumers=num_consumers_for(block_m), cluster_size=cluster,
-                        multicast=multicast, has_c=problem.has_c)
-
-
 def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int]:
     """(`cfg` with as many pipeline stages as fit shared memory (capped; at least 2), the count
     that fits (0 when not even 2 do))."""
-    stages = max_stages(cfg, device.smem_capacity, MAX_STAGES)
-    return KernelConfig(**{**cfg.to_dict(), "num_stages": max(2, stages)}), stages
+    return common.with_stages(cfg, device)
 
 
 def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
@@ -380,81 +347,63 @@ def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> Kern
     slots = max(1, device.num_sms // cfg.cluster_size // splits_used(cfg, problem.k))
     raster, group, _ = choose_raster(ceil_div(problem.m, cfg.block_m), ceil_div(problem.n, cfg.block_n),
                                      cfg.block_m, b_box_of(cfg), slots, cfg.multicast)
-    return KernelConfig(**{**cfg.to_dict(), "raster": raster, "group_size": group})
+    return with_fields(cfg, raster=raster, group_size=group)
 
 
 def with_split(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
     """`cfg` with the split_k the cost model prefers for its tile (1 when splitting never pays)."""
     choices = split_choices(problem, device, cfg.block_m, cfg.block_n, cfg.cluster_size, cfg.multicast,
                             cfg.block_k)
-    costed = [cost_of(problem, device, KernelConfig(**{**cfg.to_dict(), "split_k": s})) for s in choices]
+    costed = [cost_of(problem, device, with_fields(cfg, split_k=s)) for s in choices]
     return rank(costed)[0].config
 
 
-def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], list[Rejection]]:
-    """All legal candidates (costed, unranked, raster not yet chosen) and the rejected layouts."""
-    legal, rejected = [], []
+def _layouts(problem: Problem, device: DeviceSpec):
+    """(description, first rule against it or None, tile fields) of every sm_90a tile layout."""
     for cluster, multicast in CLUSTERS:
         for block_m in BLOCK_MS:
             for block_n in BLOCK_NS:
-                desc = describe_layout(block_m, block_n, cluster, multicast)
-                rule = _layout_rejection(problem, device, block_m, block_n, cluster, multicast)
-                if rule is None:
-                    base = _base_config(problem, device, block_m, block_n, cluster, multicast)
-                    structural = structural_problems(base)
-                    if structural:
-                        rule = "; ".join(structural)
-                if rule is None:
-                    cfg, stages = with_stages(base, device)
-                    rule = stage_rule(block_m, block_n, stages)
-                splits = []
-                if rule is None:
-                    splits = split_choices(problem, device, block_m, block_n, cluster, multicast, cfg.block_k)
-                    if cluster > 1:
-                        # Multicast only when the work units (tiles x splits) exceed one wave.
-                        rule = single_wave_rule(problem, device, block_m, block_n, splits[-1])
-                        splits = [s for s in splits if single_wave_rule(problem, device, block_m, block_n, s) is None]
-                if rule is not None:
-                    rejected.append(Rejection(desc, rule))
-                    continue
-                for s in splits:
-                    legal.append(cost_of(problem, device, KernelConfig(**{**cfg.to_dict(), "split_k": s})))
+                yield (describe_layout(block_m, block_n, cluster, multicast),
+                       _layout_rejection(problem, device, block_m, block_n, cluster, multicast),
+                       dict(block_m=block_m, block_n=block_n, num_consumers=num_consumers_for(block_m),
+                            cluster_size=cluster, multicast=multicast))
+
+
+def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], list[Rejection]]:
+    """All legal candidates (costed, unranked, raster not yet chosen) and the rejected layouts:
+    each layout that passes the rules is costed with each of its split choices."""
+    legal, rejected = [], []
+    for cfg in screen(problem, device, _layouts(problem, device), structural_problems, rejected):
+        bm, bn = cfg.block_m, cfg.block_n
+        splits = split_choices(problem, device, bm, bn, cfg.cluster_size, cfg.multicast, cfg.block_k)
+        if cfg.cluster_size > 1:
+            # Multicast only when the work units (tiles x splits) exceed one wave.
+            rule = single_wave_rule(problem, device, bm, bn, splits[-1])
+            if rule is not None:
+                rejected.append(Rejection(describe_layout(bm, bn, cfg.cluster_size, cfg.multicast), rule))
+                continue
+            splits = [s for s in splits if single_wave_rule(problem, device, bm, bn, s) is None]
+        legal.extend(cost_of(problem, device, with_fields(cfg, split_k=s)) for s in splits)
     return legal, rejected
 
 
-def _check_arch(device: DeviceSpec):
-    if device.arch != ARCH:
-        raise ValueError(f"heuristics.sm90 selects for {ARCH}, not {device.arch!r}")
+COST_MODEL = ("cycles of a persistent CTA, wave by wave over the work units (cluster tiles x K splits): "
+              "per k-block the max of tensor-core, shared-memory traffic (TMA writes + wgmma reads), "
+              "L2->SM ingress, latency/(stages-1), the CTA's share of chip L2 bandwidth and its DRAM "
+              "streaming time (DRAM latency/(stages-1) + its share of the read bandwidth); plus the "
+              "split-K fix-up and the epilogue per unit; never below streaming operands and workspace "
+              "from DRAM once; plus a fixed cost per launch (more with split-K)")
 
 
 @functools.lru_cache(maxsize=4096)
 def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
     """The configuration the cost model ranks first (deterministic; cached per problem)."""
-    _check_arch(device)
-    legal, _ = candidates(problem, device)
-    if not legal:
-        raise ValueError(f"no legal sm_90a configuration for {problem.describe()}")
-    return with_raster(rank(legal)[0].config, problem, device)
+    return select_best(ARCH, candidates, with_raster, problem, device)
 
 
 def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
     """Why `select` chose what it chose: the best `top` candidates with their modelled cost and
     terms (split_k, units, kb_per_unit, splitk_cycles, workspace_bytes among them) and the
     layouts the rules removed (see common.explanation for the keys)."""
-    _check_arch(device)
-    legal, rejected = candidates(problem, device)
-    if not legal:
-        raise ValueError(f"no legal sm_90a configuration for {problem.describe()}")
-    ranked = rank(legal)
-    shown = []
-    for c in ranked[:max(1, top)]:
-        cfg = with_raster(c.config, problem, device)
-        shown.append(Candidate(cfg, c.cost, c.key, c.terms))
-    chosen = shown[0].config
-    model = ("cycles of a persistent CTA, wave by wave over the work units (cluster tiles x K splits): "
-             "per k-block the max of tensor-core, shared-memory traffic (TMA writes + wgmma reads), "
-             "L2->SM ingress, latency/(stages-1), the CTA's share of chip L2 bandwidth and its DRAM "
-             "streaming time (per-CTA limit + queueing over the streaming CTAs); plus the split-K "
-             "fix-up and the epilogue per unit; never below streaming operands and workspace from DRAM once")
-    return explanation(problem, device, chosen, shown, rejected, top, legal_candidates=len(legal),
-                       cost_model=model, clock_ghz=device.rates.clock_ghz)
+    return explain_search(ARCH, candidates, with_raster, problem, device, top, cost_model=COST_MODEL,
+                          clock_ghz=device.rates.clock_ghz)
