@@ -28,6 +28,8 @@ class KernelConfig:
     has_c: bool = False         # epilogue reads C and computes alpha*acc + beta*C
     swap_ab: bool = False       # sm100: compute C^T = B^T A^T for small M
     split_k: int = 1            # >1: up to this many CTAs share a tile's K range (fp32 fix-up)
+    a_rows: int = 0             # >0: rows of A loaded per tile (< block_m for M < block_m decode
+                                # shapes, so TMA does not fill rows past M); 0 = block_m
 
     def __post_init__(self):
         problems = self.problems()
@@ -67,6 +69,8 @@ class KernelConfig:
             out.append(f"group_size must be >= 1, got {self.group_size}")
         if not 1 <= self.split_k <= 32:
             out.append(f"split_k must be in [1, 32], got {self.split_k}")
+        if self.a_rows and not (self.a_rows % 8 == 0 and 8 <= self.a_rows < self.block_m):
+            out.append(f"a_rows must be 0 or a multiple of 8 below block_m={self.block_m}, got {self.a_rows}")
         if self.raster not in ("m", "n"):
             out.append(f"raster must be 'm' or 'n', got {self.raster!r}")
         return out
@@ -93,4 +97,4 @@ class KernelConfig:
                 f"_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}"
                 f"_c{self.num_consumers}_cl{self.cluster_size}{self.multicast}"
                 f"_g{self.group_size}{self.raster}{'_C' if self.has_c else ''}{'_swap' if self.swap_ab else ''}"
-                f"{f'_sk{self.split_k}' if self.split_k > 1 else ''}")
+                f"{f'_sk{self.split_k}' if self.split_k > 1 else ''}{f'_ar{self.a_rows}' if self.a_rows else ''}")

@@ -34,10 +34,17 @@ class OperandLayout:
     pieces_per_rank: int  # pieces each CTA loads (all of them unless multicast on this operand)
     multicast: bool
     box: tuple            # TMA box, innermost dimension first
+    smem_rows: int        # K-major: rows the tile occupies in shared memory (>= rows loaded)
+
+    @property
+    def tx_bytes(self) -> int:
+        """Bytes TMA lands in one CTA per stage (all pieces, multicast ones included)."""
+        return self.num_pieces * self.piece_bytes
 
     @property
     def tile_bytes(self) -> int:
-        return self.num_pieces * self.piece_bytes
+        """Shared memory the tile occupies in one stage."""
+        return self.smem_rows * 128 if self.major_is_k else self.tx_bytes
 
     @property
     def lbo(self) -> int:
@@ -60,11 +67,14 @@ class OperandLayout:
         return {128: 1, 64: 2, 32: 3}[self.swizzle]
 
 
-def _operand(major_is_k: bool, extent: int, block_k: int, elem: int, multicast: bool) -> OperandLayout:
+def _operand(major_is_k: bool, extent: int, block_k: int, elem: int, multicast: bool,
+             loaded_rows: int = 0) -> OperandLayout:
+    """`loaded_rows` (K-major only): load fewer rows than the tile has; wgmma still reads all
+    `extent` rows, and the rows never loaded only feed output rows that are never stored."""
     ranks = 2 if multicast else 1
     if major_is_k:
         swizzle = 128
-        piece_extent = extent // ranks
+        piece_extent = (loaded_rows or extent) // ranks
         num_pieces = ranks
         box = (block_k, piece_extent)
     else:
@@ -74,7 +84,7 @@ def _operand(major_is_k: bool, extent: int, block_k: int, elem: int, multicast: 
         box = (piece_extent, block_k)
     piece_bytes = box[0] * box[1] * elem
     return OperandLayout(major_is_k, extent, swizzle, piece_extent, piece_bytes, num_pieces,
-                         num_pieces // ranks, multicast, box)
+                         num_pieces // ranks, multicast, box, extent)
 
 
 def mn_major_swizzle(extent: int, elem: int) -> int:
@@ -94,7 +104,8 @@ class KernelLayout:
     out_piece_cols: int       # output columns per TMA store box
     out_box: tuple            # (out_piece_cols, wg_m)
     out_bytes: int            # epilogue staging buffer, all warpgroups
-    stage_bytes: int
+    stage_bytes: int          # shared memory of one stage
+    stage_tx_bytes: int       # bytes TMA lands per stage (the tma2mma transaction count)
     smem_bytes: int           # dynamic shared memory to request, alignment slack included
     num_threads: int
     acc_regs: int             # fp32 accumulator registers per math thread
@@ -110,6 +121,8 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
     elem = DTYPE_BYTES[cfg.dtype]
     if cfg.block_m % (WGMMA_M * cfg.num_consumers):
         out.append(f"block_m={cfg.block_m} must give each of the {cfg.num_consumers} math warpgroups a multiple of 64 rows")
+    if cfg.a_rows and (cfg.a_major != "K" or cfg.multicast == "A"):
+        out.append("a_rows needs a K-major A that is not multicast")
     if cfg.cluster_size == 2 and cfg.multicast == "none":
         out.append("cluster_size 2 needs multicast 'A' or 'B'")
     for name, major_is_k, extent in (("A", cfg.a_major == "K", cfg.block_m), ("B", cfg.b_major == "K", cfg.block_n)):
@@ -129,7 +142,7 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
         raise ValueError(f"config {cfg.name} cannot be laid out: " + "; ".join(problems))
     elem = DTYPE_BYTES[cfg.dtype]
     out_elem = DTYPE_BYTES[cfg.out_dtype]
-    a = _operand(cfg.a_major == "K", cfg.block_m, cfg.block_k, elem, cfg.multicast == "A")
+    a = _operand(cfg.a_major == "K", cfg.block_m, cfg.block_k, elem, cfg.multicast == "A", cfg.a_rows)
     b = _operand(cfg.b_major == "K", cfg.block_n, cfg.block_k, elem, cfg.multicast == "B")
     wg_m = cfg.block_m // cfg.num_consumers
     # Widest swizzle whose row of elements divides block_n, so that store boxes never spill
@@ -145,4 +158,5 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     smem = cfg.num_stages * stage_bytes + out_bytes + barriers + SWIZZLE_ATOM
     acc_regs = (wg_m // WGMMA_M) * (cfg.block_n // 2)
     return KernelLayout(cfg, a, b, wg_m, out_swizzle, out_piece_cols, (out_piece_cols, wg_m),
-                        out_bytes, stage_bytes, smem, 128 * (1 + cfg.num_consumers), acc_regs)
+                        out_bytes, stage_bytes, a.tx_bytes + b.tx_bytes, smem, 128 * (1 + cfg.num_consumers),
+                        acc_regs)

@@ -41,6 +41,10 @@ CASES = [
     ("splitk3_uneven_k", dict(block_n=128, num_stages=5, split_k=3), (300, 520, 7 * 64 + 1)),
     ("splitk_more_than_kblocks", dict(block_n=128, num_stages=4, split_k=8), (128, 256, 200)),
     ("splitk_cluster", dict(block_n=128, num_stages=4, cluster_size=2, multicast="B", split_k=2), (3 * 128, 384, 2048)),
+    # decode: only the rows of A that exist are loaded; the rest of the tile is never written
+    ("a_rows8", dict(block_m=64, num_consumers=1, block_n=64, num_stages=13, a_rows=8), (3, 700, 2000)),
+    ("a_rows16_splitk", dict(block_m=64, num_consumers=1, block_n=64, num_stages=13, a_rows=16, split_k=3), (13, 1000, 3000)),
+    ("a_rows_2consumers", dict(block_m=128, num_consumers=2, block_n=128, num_stages=5, a_rows=104), (100, 520, 900)),
 ]
 
 LAYOUTS = [("row", "row"), ("col", "col")]
@@ -53,7 +57,10 @@ def gen():
 
 
 def forced_config(knobs, dtype, out_dtype, a_layout, b_layout, has_c=False):
-    """The table's knobs for this problem; a wider (fp32) output tile may cost pipeline stages."""
+    """The table's knobs for this problem; a wider (fp32) output tile may cost pipeline stages.
+    a_rows applies to a K-major (row-major) A only: an M-major A loads whole tiles."""
+    if a_layout == "col":
+        knobs = {key: value for key, value in knobs.items() if key != "a_rows"}
     cfg = KernelConfig(dtype=dtype, out_dtype=out_dtype, a_major="K" if a_layout == "row" else "M",
                        b_major="N" if b_layout == "row" else "K", has_c=has_c, **knobs)
     while layout_of(cfg).smem_bytes > SMEM_CAPACITY["sm_90a"] and cfg.num_stages > 2:

@@ -21,6 +21,7 @@ KNOB_CONFIGS = [
     KernelConfig(block_n=208, num_stages=3, has_c=True),
     KernelConfig(block_n=256, num_stages=3, cluster_size=2, multicast="A", a_major="M"),
     KernelConfig(block_n=128, num_stages=4, cluster_size=2, multicast="B", b_major="N", raster="n"),
+    KernelConfig(block_m=64, num_consumers=1, block_n=64, num_stages=13, split_k=3, a_rows=16),
 ]
 
 
@@ -76,6 +77,7 @@ def test_compile_error_names_the_source():
     (dict(block_m=64, num_consumers=2), "multiple of 64 rows"),
     (dict(cluster_size=2, multicast="none"), "needs multicast"),
     (dict(block_n=192, cluster_size=2, multicast="B", b_major="N"), "even number of 64-wide pieces"),
+    (dict(a_rows=16, a_major="M"), "a_rows needs a K-major A"),
 ])
 def test_layout_rejects_configs_the_template_cannot_honour(bad, message):
     cfg = KernelConfig(**bad)
@@ -104,3 +106,6 @@ def test_layout_arithmetic():
     nn = layout_of(KernelConfig(block_n=208, b_major="N", num_stages=3))
     assert nn.b.num_pieces == 4 and nn.b.tile_bytes == 4 * 64 * 128   # MN-major: 64-wide pieces
     assert nn.out_swizzle == 32 and nn.num_out_pieces == 13           # 208 = 13 x 16 columns
+    decode = layout_of(KernelConfig(block_m=64, num_consumers=1, block_n=64, a_rows=8))
+    assert decode.a.box == (64, 8) and decode.a.tile_bytes == 64 * 128     # loads 8 rows of 64
+    assert decode.stage_tx_bytes == 8 * 128 + 64 * 128 and decode.stage_bytes == 2 * 64 * 128
