@@ -321,7 +321,6 @@ def waves_of(tiles: int, slots: int) -> Waves:
 
 # ----------------------------------------------------------------------------- raster
 
-RASTERS = ("m", "n")
 GROUP_SIZES = (8, 16)
 
 

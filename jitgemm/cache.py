@@ -39,7 +39,6 @@ LOCK_TIMEOUT_S = 600.0                          # a compile takes about a second
 STALE_TMP_S = 3600.0                            # prune removes temporary directories older than this
 KEY_RE = re.compile(r"[0-9a-f]{64}")
 ENV_ROOT, ENV_OFFLINE = "JITGEMM_CACHE_DIR", "JITGEMM_OFFLINE"
-PRECOMPILE_HINT = "jitgemm precompile"
 
 
 class CacheWarning(UserWarning):
