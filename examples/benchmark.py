@@ -14,6 +14,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 
 import jitgemm
-from jitgemm import api, heuristics
+from jitgemm import api, heuristics, runtime
 from jitgemm.problem import Problem
 
 L2_DEFEAT_BYTES = 512 << 20     # rotate through at least this many bytes of inputs
@@ -151,7 +152,8 @@ def main(argv=None):
     after = gpu_state()
     summary = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "gpu_before": before, "gpu_after": after, "copy_bandwidth_GBps": copy_bps * 1e-9,
-               "jitgemm_version": jitgemm.__version__, "rows": rows, "geomean": {}}
+               "jitgemm_version": jitgemm.__version__, "rows": rows, "geomean": {},
+               "programmatic_launch": os.environ.get(runtime.ENV_PDL, "1") != "0"}
     print(f"\n{before.get('name')}  SM clock before {before.get('clocks.sm')} after {after.get('clocks.sm')}"
           f"  power before {before.get('power.draw')} after {after.get('power.draw')}"
           f"  copy bandwidth {copy_bps * 1e-9:.0f} GB/s  {summary['date']}")
@@ -175,7 +177,8 @@ def markdown(summary):
     lines = [f"{b.get('name')}, {summary['date']}, jitgemm {summary['jitgemm_version']}; SM clock "
              f"{b.get('clocks.sm')} before / {a.get('clocks.sm')} after, power {b.get('power.draw')} before / "
              f"{a.get('power.draw')} after (limit {b.get('power.limit')}); device-to-device copy "
-             f"{summary['copy_bandwidth_GBps']:.0f} GB/s (read + write).", ""]
+             f"{summary['copy_bandwidth_GBps']:.0f} GB/s (read + write); jitgemm programmatic dependent launch "
+             f"{'on' if summary['programmatic_launch'] else 'off (JITGEMM_PDL=0)'}.", ""]
     for dtype, gm in summary["geomean"].items():
         lines += [f"**{dtype}**: geometric mean of cuBLAS time / jitgemm time = **{gm:.3f}**", "",
                   "| M | N | K | jitgemm µs | cuBLAS µs | ratio | jitgemm TFLOP/s | GB/s (% of copy) | config |",

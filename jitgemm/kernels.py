@@ -12,7 +12,7 @@ from .config import KernelConfig
 from . import layout_sm100
 from .layout import KernelLayout, layout_of
 from .problem import Problem
-from .render import kernel_name, render
+from .render import WAITS_FOR_PREVIOUS_GRID, kernel_name, render
 
 __all__ = ["BuiltKernel", "KernelSource", "OfflineError", "build", "default_cache", "get", "is_loaded",
            "precompile_commands", "prepare"]
@@ -124,7 +124,8 @@ def get(config: KernelConfig, ordinal: int, problem: Problem | None = None):
             built = build(config, problem=problem)
             runtime.ensure_context(ordinal)
             kernel = runtime.load_kernel(built.cubin, built.name, built.layout.smem_bytes,
-                                         built.layout.num_threads, config.cluster_size)
+                                         built.layout.num_threads, config.cluster_size,
+                                         config.arch in WAITS_FOR_PREVIOUS_GRID)
             found = (kernel, built.layout)
             _loaded[key] = found
     return found

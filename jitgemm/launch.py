@@ -1,6 +1,7 @@
 """Grid size, split-K workspace and kernel arguments for one GEMM launch."""
 from __future__ import annotations
 
+import ctypes
 import threading
 
 from cuda.bindings import driver
@@ -47,8 +48,8 @@ class _Workspace:
     int tile counters.
 
     The counters start at zero and every launch leaves them at zero (the last split of a tile
-    resets its counter), so launches on one stream reuse the buffer without a memset. Launches
-    on one stream are ordered, so they never share it concurrently.
+    resets its counter), so launches that never overlap in time reuse the buffer without a
+    memset: those of one stream here, those of one stream of one graph in _GraphWorkspaces.
     """
 
     def __init__(self):
@@ -58,17 +59,18 @@ class _Workspace:
         self.lock = threading.Lock()
 
     def ensure(self, partial_bytes: int, counter_bytes: int, stream: int) -> tuple:
+        """(partials, counters) pointers of at least these sizes; grows for eager launches."""
         with self.lock:
             if partial_bytes > self.partial_bytes or counter_bytes > self.counter_bytes:
-                self._grow(max(partial_bytes, self.partial_bytes * 3 // 2),
-                           max(counter_bytes, self.counter_bytes * 3 // 2), stream)
+                if self.ptr:   # earlier launches on this stream may still use the old buffer
+                    runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
+                    runtime.check(driver.cuMemFree(self.ptr), "cuMemFree")
+                    self.ptr = 0
+                self._allocate(max(partial_bytes, self.partial_bytes * 3 // 2),
+                               max(counter_bytes, self.counter_bytes * 3 // 2), stream)
             return self.ptr, self.ptr + self.partial_bytes
 
-    def _grow(self, partial_bytes: int, counter_bytes: int, stream: int) -> None:
-        if self.ptr:   # earlier launches on this stream may still use the old buffer
-            runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
-            runtime.check(driver.cuMemFree(self.ptr), "cuMemFree")
-            self.ptr = 0
+    def _allocate(self, partial_bytes: int, counter_bytes: int, stream: int) -> None:
         partial_bytes, counter_bytes = _round(partial_bytes), _round(counter_bytes)
         self.ptr = int(runtime.check(driver.cuMemAlloc(partial_bytes + counter_bytes), "cuMemAlloc(split-K workspace)"))
         runtime.check(driver.cuMemsetD32Async(self.ptr + partial_bytes, 0, counter_bytes // 4,
@@ -93,6 +95,147 @@ def _workspace(device: int, stream: int) -> _Workspace:
     return ws
 
 
+class _GraphWorkspaces:
+    """Split-K scratch of the launches captured into CUDA graphs.
+
+    Each (capture, stream) gets its own buffers, allocated and zeroed outside the graph while it
+    is captured, so a replay is the kernels alone: no allocation or memset nodes between them,
+    which would also break the programmatic (PDL) edges from one GEMM to the next. The buffers
+    live as long as the graph and its executable copies: a CUDA user object owned by the graph
+    posts a semaphore when the last of them is destroyed (CUDA calls it on an internal thread
+    where no CUDA call is allowed), and the buffers are freed at the next capture.
+    Replays of one graph are serialised by CUDA; instantiating one graph twice and replaying
+    both copies concurrently would share the scratch, like any workspace-holding library call.
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.live: dict = {}       # (device, capture id, stream) -> [(pointer, partial bytes, counter bytes)]
+        self.tied: list = []       # (semaphore, key) of buffers that go with their graph
+        self.private_streams: dict = {}   # device -> non-blocking stream for allocations
+
+    def ensure(self, device: int, stream: int, partial_bytes: int, counter_bytes: int) -> tuple:
+        cu_stream = driver.CUstream(stream)
+        _, capture_id, graph, *_ = runtime.check(driver.cuStreamGetCaptureInfo(cu_stream), "cuStreamGetCaptureInfo")
+        key = (device, int(capture_id), stream)
+        with self.lock:
+            buffers = self.live.get(key)
+            if buffers is None:
+                self._free_released()
+                buffers = self.live[key] = []
+                self._tie_to_graph(graph, key)
+            found = buffers[-1] if buffers else None
+            if found is None or partial_bytes > found[1] or counter_bytes > found[2]:
+                # Earlier nodes of this graph keep the smaller buffer; both live with the graph.
+                found = self._allocate(device, _round(partial_bytes), _round(counter_bytes))
+                buffers.append(found)
+            return found[0], found[0] + found[1]
+
+    def _allocate(self, device: int, partial_bytes: int, counter_bytes: int) -> tuple:
+        """(pointer, partial bytes, counter bytes), counters zeroed, on the private stream: a
+        stream-ordered allocation there neither joins the capture nor synchronises the device."""
+        with _relaxed_capture_mode():
+            private = driver.CUstream(self._private_stream(device))
+            ptr = int(runtime.check(driver.cuMemAllocAsync(partial_bytes + counter_bytes, private),
+                                    "cuMemAllocAsync(split-K graph workspace)"))
+            runtime.check(driver.cuMemsetD32Async(ptr + partial_bytes, 0, counter_bytes // 4, private), "cuMemsetD32Async")
+            runtime.check(driver.cuStreamSynchronize(private), "cuStreamSynchronize")
+        return ptr, partial_bytes, counter_bytes
+
+    def _private_stream(self, device: int) -> int:
+        if device not in self.private_streams:
+            flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
+            self.private_streams[device] = int(runtime.check(driver.cuStreamCreate(flags), "cuStreamCreate"))
+        return self.private_streams[device]
+
+    def _tie_to_graph(self, graph, key: tuple) -> None:
+        sem = _Semaphore.create()
+        if sem is None:          # no POSIX semaphores: the buffers stay for the process
+            return
+        obj = runtime.check(driver.cuUserObjectCreate(
+            sem.address, driver.CUhostFn(_Semaphore.post_address()), 1,
+            driver.CUuserObject_flags.CU_USER_OBJECT_NO_DESTRUCTOR_SYNC), "cuUserObjectCreate")
+        runtime.check(driver.cuGraphRetainUserObject(
+            graph, obj, 1, driver.CUuserObjectRetain_flags.CU_GRAPH_USER_OBJECT_MOVE), "cuGraphRetainUserObject")
+        self.tied.append((sem, key))
+
+    def _free_released(self) -> None:
+        """Free the buffers of graphs that are gone (their semaphore was posted)."""
+        still = []
+        for sem, key in self.tied:
+            if sem.try_wait_and_free():
+                with _relaxed_capture_mode():
+                    private = driver.CUstream(self._private_stream(key[0]))
+                    for ptr, *_ in self.live.pop(key):
+                        runtime.check(driver.cuMemFreeAsync(ptr, private), "cuMemFreeAsync")
+            else:
+                still.append((sem, key))
+        self.tied = still
+
+
+class _Semaphore:
+    """A POSIX semaphore in libc memory, for libc's sem_post to be called by CUDA on a graph's
+    destruction. The memory is not Python's, so a post at interpreter exit cannot touch freed
+    memory; it is freed once the post has been seen."""
+    _libc = None
+
+    def __init__(self, address: int):
+        self.address = address
+
+    @classmethod
+    def _lib(cls):
+        if cls._libc is None:
+            lib = ctypes.CDLL(None)
+            lib.malloc.restype = ctypes.c_void_p
+            lib.malloc.argtypes = [ctypes.c_size_t]
+            lib.free.argtypes = [ctypes.c_void_p]
+            lib.sem_init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
+            lib.sem_trywait.argtypes = [ctypes.c_void_p]
+            cls._libc = lib
+        return cls._libc
+
+    @classmethod
+    def create(cls):
+        """A new semaphore at zero, or None where libc has no POSIX semaphores."""
+        try:
+            lib = cls._lib()
+            address = lib.malloc(64)                     # sem_t is 32 bytes on Linux
+            if not address:
+                return None
+            if lib.sem_init(address, 0, 0) != 0:
+                lib.free(address)
+                return None
+        except (OSError, AttributeError):
+            return None
+        return cls(address)
+
+    @classmethod
+    def post_address(cls) -> int:
+        return ctypes.cast(cls._lib().sem_post, ctypes.c_void_p).value
+
+    def try_wait_and_free(self) -> bool:
+        """True (and the memory freed) once the semaphore was posted."""
+        lib = self._lib()
+        if lib.sem_trywait(self.address) != 0:
+            return False
+        lib.free(self.address)
+        return True
+
+
+class _relaxed_capture_mode:
+    """Lets this thread allocate while a stream captures in global mode (as torch.cuda.graph does)."""
+
+    def __enter__(self):
+        mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+        self.previous = runtime.check(driver.cuThreadExchangeStreamCaptureMode(mode), "cuThreadExchangeStreamCaptureMode")
+
+    def __exit__(self, *exc):
+        runtime.check(driver.cuThreadExchangeStreamCaptureMode(self.previous), "cuThreadExchangeStreamCaptureMode")
+
+
+_graph_workspaces = _GraphWorkspaces()
+
+
 def launch_gemm(kernel, lay: KernelLayout, num_sms: int, device: int, stream: int, maps: list,
                 m: int, n: int, k: int, alpha: float, beta: float) -> None:
     """Launch a loaded GEMM kernel: maps are (A, B, D[, C]) tensor maps."""
@@ -105,15 +248,8 @@ def launch_gemm(kernel, lay: KernelLayout, num_sms: int, device: int, stream: in
     tiles = cluster_tiles(cfg, m, n) * cfg.cluster_size
     partial_bytes = _round(tiles * splits * cfg.block_m * cfg.block_n * 4)
     counter_bytes = _round(tiles * cfg.num_consumers * 4)
-    if not stream_is_capturing(stream):
+    if stream_is_capturing(stream):
+        partials, counters = _graph_workspaces.ensure(device, stream, partial_bytes, counter_bytes)
+    else:
         partials, counters = _workspace(device, stream).ensure(partial_bytes, counter_bytes, stream)
-        runtime.launch(kernel, grid, stream, maps, [m, n, k], [alpha, beta], (partials, counters, splits))
-        return
-    # Under graph capture the workspace is a stream-ordered allocation of the graph itself
-    # (alloc, memset, kernel, free nodes), so every replay, on any stream, gets its own.
-    cu_stream = driver.CUstream(stream)
-    ptr = int(runtime.check(driver.cuMemAllocAsync(partial_bytes + counter_bytes, cu_stream),
-                            "cuMemAllocAsync(split-K workspace)"))
-    runtime.check(driver.cuMemsetD32Async(ptr + partial_bytes, 0, counter_bytes // 4, cu_stream), "cuMemsetD32Async")
-    runtime.launch(kernel, grid, stream, maps, [m, n, k], [alpha, beta], (ptr, ptr + partial_bytes, splits))
-    runtime.check(driver.cuMemFreeAsync(ptr, cu_stream), "cuMemFreeAsync")
+    runtime.launch(kernel, grid, stream, maps, [m, n, k], [alpha, beta], (partials, counters, splits))

@@ -11,6 +11,9 @@ from .layout import KernelLayout, layout_of
 from .problem import DTYPE_BYTES
 
 TEMPLATES = {"sm_90a": "sm90_gemm.cu.j2", "sm_100a": "sm100_gemm.cu.j2"}
+# Templates whose kernels call griddepcontrol.wait before touching global memory, so they may be
+# launched with programmatic dependent launch (runtime.programmatic_launch).
+WAITS_FOR_PREVIOUS_GRID = frozenset({"sm_90a"})
 
 
 @functools.lru_cache(maxsize=1)

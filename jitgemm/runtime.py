@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -103,16 +104,18 @@ class LoadedKernel:
     smem_bytes: int
     num_threads: int
     cluster_size: int
+    waits_for_previous_grid: bool = False   # the kernel calls griddepcontrol.wait (see launch_config)
 
 
-def load_kernel(cubin: bytes, name: str, smem_bytes: int, num_threads: int, cluster_size: int) -> LoadedKernel:
+def load_kernel(cubin: bytes, name: str, smem_bytes: int, num_threads: int, cluster_size: int,
+                waits_for_previous_grid: bool = False) -> LoadedKernel:
     """Load a cubin into the current context and prepare its kernel for launch."""
     module = check(driver.cuModuleLoadData(cubin), f"cuModuleLoadData({name})")
     function = check(driver.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
     check(driver.cuFuncSetAttribute(
         function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
         f"setting {smem_bytes} bytes of dynamic shared memory for {name}")
-    return LoadedKernel(module, function, name, smem_bytes, num_threads, cluster_size)
+    return LoadedKernel(module, function, name, smem_bytes, num_threads, cluster_size, waits_for_previous_grid)
 
 
 # ---- TMA descriptors ----
@@ -159,10 +162,19 @@ def tensor_map_2d(dtype: str, ptr: int, inner: int, outer: int, outer_stride_byt
 
 
 _launch_configs: dict = {}
+ENV_PDL = "JITGEMM_PDL"
+
+
+def programmatic_launch(kernel: LoadedKernel) -> bool:
+    """Launch with programmatic dependent launch (PDL): the kernel may start while the previous
+    kernel of the stream finishes, and waits in-kernel (griddepcontrol.wait) before it touches
+    global memory. Only for kernels that wait; JITGEMM_PDL=0 turns it off."""
+    return kernel.waits_for_previous_grid and os.environ.get(ENV_PDL, "1") != "0"
 
 
 def launch_config(kernel: LoadedKernel, grid: int, stream: int):
-    key = (kernel.name, grid, stream)
+    pdl = programmatic_launch(kernel)
+    key = (kernel.name, grid, stream, pdl)
     cfg = _launch_configs.get(key)
     if cfg is None:
         cfg = driver.CUlaunchConfig()
@@ -170,11 +182,17 @@ def launch_config(kernel: LoadedKernel, grid: int, stream: int):
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = kernel.num_threads, 1, 1
         cfg.sharedMemBytes = kernel.smem_bytes
         cfg.hStream = driver.CUstream(stream)
-        attr = driver.CUlaunchAttribute()
-        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = kernel.cluster_size, 1, 1
-        cfg.attrs = [attr]
-        cfg.numAttrs = 1
+        cluster = driver.CUlaunchAttribute()
+        cluster.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        cluster.value.clusterDim.x, cluster.value.clusterDim.y, cluster.value.clusterDim.z = kernel.cluster_size, 1, 1
+        attrs = [cluster]
+        if pdl:
+            serialization = driver.CUlaunchAttribute()
+            serialization.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            serialization.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(serialization)
+        cfg.attrs = attrs
+        cfg.numAttrs = len(attrs)
         if len(_launch_configs) > 1024:
             _launch_configs.clear()
         _launch_configs[key] = cfg

@@ -10,6 +10,15 @@ __device__ __forceinline__ void tma_load_multicast(u32 dst, const TensorMap* map
         " [%0], [%1, { %3, %4}], [%2], %5;"
         :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask) : "memory");
 }
+// ---- programmatic dependent launch (no-ops when the launch did not ask for it) ----
+// The next kernel in the stream may start its prologue while this grid still runs.
+__device__ __forceinline__ void griddep_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+// Blocks until the previous kernel in the stream has finished and its writes are visible.
+__device__ __forceinline__ void griddep_wait() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+}
 // ---- wgmma ----
 // Shared-memory matrix descriptor; `layout` in bits 62-63: 1 = 128B, 2 = 64B, 3 = 32B swizzle.
 __device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo, u32 sbo, u32 layout) {

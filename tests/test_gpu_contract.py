@@ -12,7 +12,8 @@ import pytest
 import jitgemm
 from gpu_helpers import (TOLERANCE, assert_close, guard_untouched, guarded_out, random_operand,
                          rel_error, torch_dtype)
-from jitgemm import api, kernels, launch
+from jitgemm import api, heuristics, kernels, launch
+from jitgemm.config import KernelConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -274,6 +275,56 @@ def test_cupy_user_stream():
     assert rel_error(torch.as_tensor(res2, device="cuda"), ta, tb) <= TOLERANCE["fp16"]
 
 
+# ---------------------------------------------------------------- programmatic dependent launch
+CHAIN_STEPS = 4
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("m, width, knobs", [
+    (1, 2048, {}),                                 # few CTAs: the next kernel starts at once and must wait
+    (128, 4096, dict(split_k=3)),                  # split-K workspace and counters
+    (1000, 1024, dict(cluster_size=2, multicast="B", block_n=128, num_stages=4)),
+])
+def test_chained_calls_wait_for_the_previous_kernel(m, width, knobs, capture, gen):
+    """Back-to-back dependent calls with no synchronisation: each call reads the previous one's
+    output (read after write), and a last call overwrites the first call's input (write after
+    read). Kernels are launched with programmatic dependent launch, so one that touched global
+    memory before griddepcontrol.wait would read stale data or clobber an input here."""
+    import torch
+    from jitgemm.problem import Problem
+    problem = Problem(m, width, width, "bf16", "bf16", "K", "N")
+    spec = api.device_spec(0)
+    cfg = dataclasses.replace(heuristics.select(problem, spec), **knobs)
+    assert not heuristics.check_config(cfg, problem, spec)
+    w = rand(width, width, "bf16", gen) * width ** -0.5         # keeps the chain's values near 1
+    x0, z = rand(m, width, "bf16", gen), rand(m, width, "bf16", gen)
+    x0_initial = x0.clone()
+    outs = [nan_full((m, width), "bf16") for _ in range(CHAIN_STEPS)]
+
+    def chain():
+        prev = x0
+        for out in outs:
+            jitgemm.gemm(prev, w, out, config=cfg)
+            prev = out
+        jitgemm.gemm(z, w, x0, config=cfg)                      # x0 was the first call's input
+
+    chain()                                                     # eager (and warm-up for capture)
+    if capture:
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            chain()
+        x0.copy_(x0_initial)
+        for out in outs:
+            out.fill_(float("nan"))
+        g.replay()
+    torch.cuda.synchronize()
+    assert_close(outs[0], x0_initial, w, "bf16")
+    for prev, out in zip(outs, outs[1:]):
+        assert_close(out, prev, w, "bf16")
+    assert_close(x0, z, w, "bf16")
+
+
 # ---------------------------------------------------------------- CUDA graphs
 @pytest.mark.parametrize("with_c", [False, True])
 def test_graph_capture_and_replay(with_c, gen):
@@ -296,6 +347,42 @@ def test_graph_capture_and_replay(with_c, gen):
         g.replay()
         torch.cuda.synchronize()
         assert_close(out, a, b, "bf16", c=c, beta=0.5 if with_c else 1.0)
+
+
+def test_split_k_graph_workspace_lives_with_the_graph(gen):
+    """A captured split-K call gets scratch outside the graph (no memset nodes), which is
+    freed once the graph is destroyed, at the next capture."""
+    import gc
+    import time
+    import torch
+    m, n, k = 128, 512, 4096
+    a, b = rand(m, k, "bf16", gen), rand(k, n, "bf16", gen)
+    cfg = KernelConfig(block_m=64, block_n=64, num_stages=8, num_consumers=1, split_k=4)
+    out = nan_full((m, n), "bf16")
+    jitgemm.gemm(a, b, out, config=cfg)
+    torch.cuda.synchronize()
+
+    def captured():
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            jitgemm.gemm(a, b, out, config=cfg)
+        return g
+
+    before = set(launch._graph_workspaces.live)
+    g = captured()
+    (mine,) = set(launch._graph_workspaces.live) - before
+    for _ in range(3):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert_close(out, a, b, "bf16")
+    del g
+    gc.collect()
+    deadline = time.monotonic() + 10                    # CUDA runs the destructor asynchronously
+    while mine in launch._graph_workspaces.live and time.monotonic() < deadline:
+        time.sleep(0.05)
+        captured()                                      # each capture frees what was released
+    assert mine not in launch._graph_workspaces.live
 
 
 def test_graph_capture_needing_a_compile_raises(gen):

@@ -18,3 +18,49 @@ def test_num_splits_never_leaves_a_split_empty():
     assert num_splits(cfg, 200) == 4          # 4 K blocks of 64
     assert num_splits(cfg, 1) == 1
     assert num_splits(KernelConfig(), 4096) == 1
+
+
+def _kernel(waits: bool):
+    from jitgemm.runtime import LoadedKernel
+    return LoadedKernel(module=None, function=None, name=f"k{waits}", smem_bytes=1024, num_threads=384,
+                        cluster_size=2, waits_for_previous_grid=waits)
+
+
+def _attribute_ids(cfg):
+    return [cfg.attrs[i].id for i in range(cfg.numAttrs)]
+
+
+def test_programmatic_launch_only_for_kernels_that_wait(monkeypatch):
+    from cuda.bindings import driver
+    from jitgemm import runtime
+    ids = driver.CUlaunchAttributeID
+    monkeypatch.delenv(runtime.ENV_PDL, raising=False)
+    waiting = runtime.launch_config(_kernel(True), 132, 0)
+    assert _attribute_ids(waiting) == [ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                                       ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION]
+    assert waiting.attrs[1].value.programmaticStreamSerializationAllowed == 1
+    assert waiting.attrs[0].value.clusterDim.x == 2
+    # A kernel without griddepcontrol.wait could read its inputs before the previous kernel wrote them.
+    assert _attribute_ids(runtime.launch_config(_kernel(False), 132, 0)) == [ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION]
+    monkeypatch.setenv(runtime.ENV_PDL, "0")
+    assert _attribute_ids(runtime.launch_config(_kernel(True), 132, 0)) == [ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION]
+
+
+def test_only_templates_that_wait_are_launched_programmatically():
+    from jitgemm.config import KernelConfig
+    from jitgemm.render import WAITS_FOR_PREVIOUS_GRID, render
+    for arch in ("sm_90a", "sm_100a"):
+        source = render(KernelConfig(arch=arch, num_consumers=1))
+        assert ("griddepcontrol.wait" in source) == (arch in WAITS_FOR_PREVIOUS_GRID), arch
+
+
+def test_graph_workspace_semaphore_sees_the_cuda_callback():
+    """CUDA calls libc's sem_post (as a CUhostFn) when a graph holding split-K buffers is gone."""
+    import ctypes
+    from jitgemm.launch import _Semaphore
+    sem = _Semaphore.create()
+    assert sem is not None
+    assert not sem.try_wait_and_free()                   # not posted yet: buffers stay
+    callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_Semaphore.post_address())
+    callback(sem.address)                                # what the user object's destructor does
+    assert sem.try_wait_and_free()
