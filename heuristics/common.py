@@ -47,7 +47,10 @@ class ArchRates:
     load); measured bandwidths are converted to bytes per clock at that clock. Defaults are
     H200 numbers for 16-bit inputs, calibrated against H200 measurements (bf16, A K-major, B
     N-major, 132 SMs; per-call medians of CUDA-graph replays rotating through input copies
-    that defeat L2; the table of points is tests/test_heuristics.py::H200_MEASURED):
+    that defeat L2). The rates below were fixed by measurements taken before kernels were
+    launched with programmatic dependent launch (PDL), quoted with each rate; only `launch_clk`
+    was refitted for PDL. The model is checked against the PDL-era measurements in
+    tests/test_heuristics.py::H200_MEASURED, which also lists where it still misranks:
 
     - `mma_flops_per_clk` 3200: sustained wgmma rate with every SM busy, 78% of the 4096 peak
       (the clock drops under a full tensor-core load). 4096^3 (m128n256 pairs) then models
@@ -58,7 +61,9 @@ class ArchRates:
       faster than 3200 FLOPs/clock allow (62.9 us of tensor-core time alone).
     - `l2_sm_bytes_per_clk` 96: L2 -> one SM. Fixed by 128x2112x7168 with m128n64 unsplit (33
       CTAs, 24 KB per k-block each: 23.1 us measured needs >= 74) and by m128n128 split 4
-      ranking ahead of m64n128 on 128x4096x7168 (28.0 us measured; 80 would flip it).
+      ranking ahead of m64n128 on 128x4096x7168 (28.0 us measured; 80 would flip it). With
+      PDL the unsplit m64n128 measures 22.9 us there and m64n128 pairs sharing B split 2
+      21.7 (the choice now, see sm90.single_wave_rule); the former choice 25.2.
     - `l2_total_bytes_per_clk` 4500: about 7.9 TB/s of L2 -> SM reads chip-wide, which keeps
       4096x2112x7168 just L2 bound (32 KB of L2 reads per CTA and k-block) and puts
       4096x576x7168 m128n192 (96 CTAs x 40 KB a k-block) at 58.9 us against the measured 54.6,
@@ -84,11 +89,12 @@ class ArchRates:
       narrow N-major tiles of 128x576x7168: m64n48 (three 16-column pieces) 22.7 us unsplit
       against 16.8 for m64n32 and 16.7 for m64n64.
     - `load_latency_clk` 1000: the TMA round trip out of L2 (data already in L2).
-    - `launch_clk` 4500: 2.6 us per launch: the kernel node of the graph, the CTAs' start
+    - `launch_clk` 2600: 1.5 us per launch: the kernel node of the graph, the CTAs' start
       (barriers, tensor-map prefetch), the first load's latency and the last tile's drain;
-      constant per launch, so it shifts every candidate alike. Fixed with the above as the
-      offset of the memory-bound small-M points (e.g. 128x32768x512 with m128n256, one wave at the
-      DRAM floor: 14.8 us measured, 13.9 modelled).
+      constant per launch, so it shifts every candidate alike. Programmatic dependent launch
+      overlaps part of it with the previous kernel: it was 4500 (2.6 us) without, fixed by
+      the memory-bound small-M points (e.g. 128x32768x512 with m128n256 at the DRAM floor);
+      with PDL those points run 1-3 us faster (128x4096x7168 m64n128: 23.2 us against 26.0).
     """
     mma_flops_per_clk: int = 3200        # dense 16-bit tensor-core FLOPs per SM per clock, all SMs busy
     mma_peak_flops_per_clk: int = 4096   # ... with few SMs busy (the clock credit, see mma_rate)
@@ -100,7 +106,7 @@ class ArchRates:
     dram_latency_clk: int = 1000         # loaded DRAM round trip the stages in flight must cover
     dram_run_overhead_bytes: int = 16    # DRAM efficiency of a contiguous run: run / (run + this)
     load_latency_clk: int = 1000         # TMA load round trip out of L2 the pipeline must cover
-    launch_clk: int = 4500               # per launch: launch, ramp, first load, drain (2.6 us)
+    launch_clk: int = 2600               # per launch: launch, ramp, first load, drain (1.5 us with PDL)
     clock_ghz: float = 1.75              # sustained SM clock the per-clock rates are quoted at
 
 

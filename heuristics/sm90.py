@@ -20,7 +20,7 @@ they are); plus, per unit, the split-K fix-up (fp32 partials to the workspace an
 bytes, the fence and the tile's atomic, and the dependent L2 round trips of the last split's
 read-back, serial after the main loop) and the epilogue (the template overlaps neither with the
 main loop); the whole never below the time to stream the operands (and the workspace) from DRAM
-once; plus a fixed cost per launch, more for a split-K launch (its workspace's graph nodes).
+once; plus a fixed cost per launch, more for a split-K launch.
 Rates and their calibration against H200 measurements: common.ArchRates.
 """
 from __future__ import annotations
@@ -67,11 +67,11 @@ C_LOAD_LATENCY_CLK = 1000      # has_c: the C tile is loaded after the main loop
 L2_ROUND_TRIP_CLK = 600        # a strong global load/atomic to L2 and back, under load
 SPLITK_SYNC_ROUND_TRIPS = 2    # store fence + atomic
 PARTIAL_BYTES = 4              # fp32 partial sums
-# Split-K's extra per launch: under graph capture the workspace is a stream-ordered alloc,
-# memset and free around the kernel (jitgemm/launch.py), ~1.7 us of graph nodes. With the
-# fix-up's round trips a split launch pays ~3.5-4 us more than an unsplit one: fixed by
-# 64x4096x7168 m64n64 (split 2: 22.7 us against 18.9 unsplit) and 128x2112x7168 m128n64
-# (split 3: 17.8 us against 23.1 unsplit).
+# Split-K's extra per launch, beyond the fix-up terms: ~1.7 us measured. It was first the
+# workspace's alloc/memset/free graph nodes (jitgemm/launch.py now keeps a captured graph's
+# workspace outside the graph); without them, with PDL, a split launch still pays it against
+# an unsplit one: 1x4096x7168 m64n64 split 2 ran 19.4 us against 17.0 unsplit, 64x4096x7168
+# 19.9 against 17.7, while 128x2112x7168 m128n64 split 3 (15.1) beats the unsplit m64n64 (16.4).
 SPLITK_LAUNCH_CLK = 3000
 
 
@@ -135,9 +135,19 @@ def _layout_rejection(problem: Problem, device: DeviceSpec, block_m: int, block_
     return None
 
 
-def single_wave_rule(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, splits: int) -> str | None:
+def single_wave_rule(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, splits: int,
+                     multicast: str) -> str | None:
     """DeepGEMM's rule, counted in work units: no multicast when tiles x K splits fit one wave
-    of CTAs (a cluster then only constrains the schedule). None when the rule does not apply."""
+    of CTAs (a cluster then only constrains the schedule). None when the rule does not apply.
+
+    Exception: a pair sharing B when M is exactly two m blocks. The whole problem is then
+    column pairs whose B tile dominates the traffic, and multicast halves the L2 reads of it
+    even in one wave: measured on the H200 (bf16, PDL on), m64n128 pairs sharing B ran
+    128x7168x2048 in 11.1 us against 12.6 unpaired, 128x7168x16384 in 65.9 against 73.3
+    (the previous choice, m128n128 split 2) and 128x4096x7168 split 2 in 21.7 against 22.9
+    for the best unpaired tile."""
+    if multicast == "B" and ceil_div(problem.m, block_m) == 2:
+        return None
     num_tiles = ceil_div(problem.m, block_m) * ceil_div(problem.n, block_n)
     if num_tiles * splits <= device.num_sms:
         what = f"{num_tiles} tiles" if splits == 1 else f"{num_tiles} tiles x {splits} splits"
@@ -309,7 +319,7 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     dram = (problem.m / eff_a + b_cov / eff_b) * problem.k * elem
     hbm_time = dram / r.dram_read_bytes_per_clk + (output_bytes(problem) + ws_total) / r.hbm_bytes_per_clk
     cost, sm_time, bound = persistent_cost(w, cfg.cluster_size, wave_time, hbm_time)
-    # Per launch: the kernel's launch, ramp and drain; split-K's graph nodes besides.
+    # Per launch: the kernel's launch, ramp and drain; split-K's measured extra besides.
     launch = r.launch_clk + (SPLITK_LAUNCH_CLK if splits > 1 else 0)
     cost += launch
     terms = {
@@ -378,11 +388,11 @@ def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], l
         splits = split_choices(problem, device, bm, bn, cfg.cluster_size, cfg.multicast, cfg.block_k)
         if cfg.cluster_size > 1:
             # Multicast only when the work units (tiles x splits) exceed one wave.
-            rule = single_wave_rule(problem, device, bm, bn, splits[-1])
+            rule = single_wave_rule(problem, device, bm, bn, splits[-1], cfg.multicast)
             if rule is not None:
                 rejected.append(Rejection(describe_layout(bm, bn, cfg.cluster_size, cfg.multicast), rule))
                 continue
-            splits = [s for s in splits if single_wave_rule(problem, device, bm, bn, s) is None]
+            splits = [s for s in splits if single_wave_rule(problem, device, bm, bn, s, cfg.multicast) is None]
         legal.extend(cost_of(problem, device, with_fields(cfg, split_k=s)) for s in splits)
     return legal, rejected
 
