@@ -121,9 +121,9 @@ class _GraphWorkspaces:
         with self.lock:
             buffers = self.live.get(key)
             if buffers is None:
-                self._free_released()
+                self._free_released(device)
+                self._tie_to_graph(graph, key)     # first: if it fails, nothing is recorded
                 buffers = self.live[key] = []
-                self._tie_to_graph(graph, key)
             found = buffers[-1] if buffers else None
             if found is None or partial_bytes > found[1] or counter_bytes > found[2]:
                 # Earlier nodes of this graph keep the smaller buffer; both live with the graph.
@@ -159,18 +159,23 @@ class _GraphWorkspaces:
             graph, obj, 1, driver.CUuserObjectRetain_flags.CU_GRAPH_USER_OBJECT_MOVE), "cuGraphRetainUserObject")
         self.tied.append((sem, key))
 
-    def _free_released(self) -> None:
-        """Free the buffers of graphs that are gone (their semaphore was posted)."""
-        still = []
+    def _free_released(self, device: int) -> None:
+        """Free the buffers of this device's graphs that are gone (their semaphore was posted);
+        another device's wait for a capture there, where its context is current."""
+        still, released = [], []
         for sem, key in self.tied:
-            if sem.try_wait_and_free():
-                with _relaxed_capture_mode():
-                    private = driver.CUstream(self._private_stream(key[0]))
-                    for ptr, *_ in self.live.pop(key):
-                        runtime.check(driver.cuMemFreeAsync(ptr, private), "cuMemFreeAsync")
+            if key[0] == device and sem.try_wait_and_free():
+                released.append(key)
             else:
                 still.append((sem, key))
-        self.tied = still
+        self.tied = still          # before freeing: a posted semaphore's memory is gone
+        if not released:
+            return
+        with _relaxed_capture_mode():
+            private = driver.CUstream(self._private_stream(device))
+            for key in released:
+                for ptr, *_ in self.live.pop(key):
+                    runtime.check(driver.cuMemFreeAsync(ptr, private), "cuMemFreeAsync")
 
 
 class _Semaphore:
