@@ -64,3 +64,32 @@ def test_graph_workspace_semaphore_sees_the_cuda_callback():
     callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_Semaphore.post_address())
     callback(sem.address)                                # what the user object's destructor does
     assert sem.try_wait_and_free()
+
+
+def test_graph_workspaces_free_only_released_buffers_of_the_current_device(monkeypatch):
+    """The buffers of a destroyed graph are freed at the next capture on their device; those
+    of live graphs, and of other devices (another context), stay."""
+    import ctypes
+    from cuda.bindings import driver
+    from jitgemm import launch
+    ok = driver.CUresult.CUDA_SUCCESS
+    freed, modes = [], []
+    monkeypatch.setattr(driver, "cuMemFreeAsync", lambda ptr, stream: (freed.append(ptr), (ok,))[1])
+    monkeypatch.setattr(driver, "cuThreadExchangeStreamCaptureMode", lambda mode: (modes.append(mode), (ok, mode))[1])
+    post = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(launch._Semaphore.post_address())
+    ws = launch._GraphWorkspaces()
+    ws.private_streams = {0: 11, 1: 12}
+    graphs = {"gone on 0": (0, 1, 5), "alive on 0": (0, 2, 5), "gone on 1": (1, 3, 5)}
+    for name, key in graphs.items():
+        sem = launch._Semaphore.create()
+        ws.tied.append((sem, key))
+        ws.live[key] = [(1000 + key[1], 256, 256), (2000 + key[1], 512, 256)]
+        if name.startswith("gone"):
+            post(sem.address)               # CUDA's destructor callback
+    ws._free_released(0)
+    assert sorted(freed) == [1001, 2001]
+    assert set(ws.live) == {graphs["alive on 0"], graphs["gone on 1"]}
+    assert [key for _, key in ws.tied] == [graphs["alive on 0"], graphs["gone on 1"]]
+    assert len(modes) == 2                  # relaxed capture mode set, then restored
+    ws._free_released(1)
+    assert sorted(freed) == [1001, 1003, 2001, 2003]
