@@ -69,6 +69,14 @@ class ArchRates:
       4096x576x7168 m128n192 (96 CTAs x 40 KB a k-block) at 58.9 us against the measured 54.6,
       the m128n144/n160 A pairs at 59.8/57.0 against 60.3/61.1. (The unsplit m64n64 on
       128x4096x7168, measured 24.5 us, would need ~6000: it models 32.7.)
+    - `l2_delivery_bytes_per_clk` 5000: the bytes landing in all SMs' shared memory, 8.75 TB/s,
+      counting a multicast box once per CTA it lands in and an N-major B tile's 64-column
+      pieces in full (a 224-wide tile lands 256 columns). Fixed by the wide tiles of the large
+      shapes (medians of three interleaved passes, with the split-0 reducer): 4096x32768x512
+      ran 244 us with m128n256 pairs sharing B against 263 for m128n224 pairs and 259 for
+      m128n192 A pairs, 4096x24576x1536 478 with m128n256 B pairs against 499 for m128n240; a
+      rate low enough to make those wider pieces cost, high enough that 4096^3 (m128n256
+      pairs: 48 KB landing per CTA and k-block) stays tensor-core bound as measured.
     - `hbm_bytes_per_clk` 2400: the measured device-to-device copy bandwidth, 4.2 TB/s (the
       output and the split-K workspace go at this rate).
     - `dram_read_bytes_per_clk` 2550: read-only streaming, 4.46 TB/s, above the copy rate (no
@@ -101,6 +109,7 @@ class ArchRates:
     smem_bytes_per_clk: int = 128        # shared-memory bandwidth per SM
     l2_sm_bytes_per_clk: int = 96        # L2 -> one SM ingress
     l2_total_bytes_per_clk: int = 4500   # L2 -> all SMs (7.9 TB/s at 1.75 GHz, calibrated, see above)
+    l2_delivery_bytes_per_clk: int = 5000  # bytes landing in all SMs' shared memory (multicast counts per CTA)
     hbm_bytes_per_clk: int = 2400        # DRAM copy bandwidth (H200: 4.2 TB/s at 1.75 GHz)
     dram_read_bytes_per_clk: int = 2550  # DRAM read-only streaming (4.46 TB/s)
     dram_latency_clk: int = 1000         # loaded DRAM round trip the stages in flight must cover

@@ -4,7 +4,7 @@ Candidates: block_m in {64, 128, 256} (256 only with a 16-bit output), block_n i
 16, block_k = 128 bytes of K, and a cluster of 1, or 2 CTAs sharing the A tile (same m block,
 neighbouring n blocks) or the B tile (same n block, neighbouring m blocks); each with split_k in
 SPLITS (the K range of a tile shared by up to that many CTAs, kept to >= MIN_KB_PER_SPLIT K
-blocks a split and <= MAX_SPLIT_WAVES waves of work units). The math warpgroup count follows
+blocks a split and to one wave of work units: split 0 of a tile waits for the others). The math warpgroup count follows
 block_m (1 for 64, 2 above) and the pipeline gets as many stages as fit shared memory (capped at
 MAX_STAGES). Rules remove illegal or hopeless layouts; a cost model ranks the rest; the L2
 raster (groups of 8 or 16 block-rows or -columns) is chosen last, for the smallest working set.
@@ -17,8 +17,8 @@ CTA's share of the chip-wide L2 bandwidth (which a multicast operand halves) and
 streaming time (the loaded DRAM latency over the stages in flight, in series with the CTA's
 share of the read bandwidth, with runs of contiguous bytes that stream the better the longer
 they are); plus, per unit, the split-K fix-up (fp32 partials to the workspace and back: their
-bytes, the fence and the tile's atomic, and the dependent L2 round trips of the last split's
-read-back, serial after the main loop) and the epilogue (the template overlaps neither with the
+bytes, the other splits' store, fence and count that split 0 waits for, and the dependent L2
+round trips of its read-back, serial after the main loop) and the epilogue (the template overlaps neither with the
 main loop); the whole never below the time to stream the operands (and the workspace) from DRAM
 once; plus a fixed cost per launch, more for a split-K launch.
 Rates and their calibration against H200 measurements: common.ArchRates.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 
 from jitgemm.config import KernelConfig
-from jitgemm.layout import WGMMA_M, layout_of, structural_problems
+from jitgemm.layout import WGMMA_M, layout_of, read_batch, structural_problems
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 from . import common
@@ -53,26 +53,26 @@ CLUSTERS = ((1, "none"), (2, "A"), (2, "B"))
 # Split-K: candidate maximum split counts (KernelConfig.split_k) and the bounds on them.
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 MIN_KB_PER_SPLIT = 4           # keep >= 4 K blocks per split: shorter ones do not amortise the fix-up
-MAX_SPLIT_WAVES = 2            # split only up to 2 waves of work units: past that there is nothing to fill
-SPLITK_ACC_REG_LIMIT = 112     # the fix-up's loads and addresses need registers too: m128n240 (120
-                               # accumulators) split 4 spills 8 bytes (NVRTC, sm_90a), m128n224 does not
+SPLITK_ACC_REG_LIMIT = 96      # split 0 holds its accumulators and a whole split of partials in
+                               # registers: m128n224 (112 accumulators) split 2 spills (NVRTC, sm_90a)
 
 # Fixed per-tile costs of the epilogue, clock cycles.
 EPILOGUE_FIXED_CLK = 400       # drain the last wgmma, barriers, issue the TMA stores
 C_LOAD_LATENCY_CLK = 1000      # has_c: the C tile is loaded after the main loop and waited for
 # Split-K fix-up, serial after the main loop (templates/sm90_gemm.cu.j2, "split-K fix-up"):
-# the partial stores drain (fence.acq_rel), then the tile's atomic: two L2 round trips; then
-# the last split reads the partials back, split by split with all of a split's loads in flight
-# together: one dependent round trip per split (see readback_rounds).
-L2_ROUND_TRIP_CLK = 600        # a strong global load/atomic to L2 and back, under load
-SPLITK_SYNC_ROUND_TRIPS = 2    # store fence + atomic
+# splits 1.. store their partials, fence and count in; split 0 sees the count (its own
+# acquiring load): two L2 round trips; then it reads the partials back, a batch of splits at a
+# time with all of a batch's loads in flight together (see readback_rounds).
+L2_ROUND_TRIP_CLK = 1200       # a strong global load/atomic to L2 and back, under load (fitted
+                               # with the split-K reducer: 128x4096x7168 m64n128 B pairs split 2
+                               # 20.6 us against m128n128 split 4 23.7)
+SPLITK_SYNC_ROUND_TRIPS = 2    # the other splits' store fence, then split 0's load of the count
 PARTIAL_BYTES = 4              # fp32 partial sums
-# Split-K's extra per launch, beyond the fix-up terms: ~1.7 us measured. It was first the
-# workspace's alloc/memset/free graph nodes (jitgemm/launch.py now keeps a captured graph's
-# workspace outside the graph); without them, with PDL, a split launch still pays it against
-# an unsplit one: 1x4096x7168 m64n64 split 2 ran 19.4 us against 17.0 unsplit, 64x4096x7168
-# 19.9 against 17.7, while 128x2112x7168 m128n64 split 3 (15.1) beats the unsplit m64n64 (16.4).
-SPLITK_LAUNCH_CLK = 3000
+# Split-K's extra per launch, beyond the fix-up terms: ~0.9 us measured against unsplit
+# launches (with PDL and the split-0 reducer): 1x4096x7168 m64n64 split 2 ran 18.6 us against
+# 16.7 unsplit, 64x4096x7168 19.2 against 17.8, while 128x2112x7168 m128n64 split 3 (13.9)
+# beats the unsplit m64n64 (16.2).
+SPLITK_LAUNCH_CLK = 1500
 
 
 def num_consumers_for(block_m: int) -> int:
@@ -111,7 +111,8 @@ def check_config(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> lis
     def arch_rules(c: KernelConfig) -> list[str]:
         swap = ["swap_ab is an sm_100a option; the sm_90a kernel does not swap A and B"] if c.swap_ab else []
         return swap + _register_problems(c)
-    return config_problems(cfg, problem, device, structural_problems, layout_of, arch_rules)
+    return config_problems(cfg, problem, device, structural_problems, layout_of, arch_rules) or \
+        split_problems(cfg, problem, device)
 
 
 def _layout_rejection(problem: Problem, device: DeviceSpec, block_m: int, block_n: int,
@@ -133,6 +134,26 @@ def _layout_rejection(problem: Problem, device: DeviceSpec, block_m: int, block_
             return (f"no multicast {multicast}: only one {'n' if multicast == 'A' else 'm'} block, "
                     f"nothing to share")
     return None
+
+
+def split_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
+    """Why `cfg`'s split-K cannot run `problem` on `device`, in words: split 0 of a tile waits
+    for the tile's other splits, so every work unit must be resident at once (one wave), and it
+    holds a split's partials in registers besides its accumulators."""
+    if cfg.split_k == 1:
+        return []
+    out = []
+    units = cluster_tiles_of(problem, cfg.block_m, cfg.block_n, cfg.multicast) * splits_used(cfg, problem.k)
+    slots = device.num_sms // cfg.cluster_size
+    if units > slots:
+        out.append(f"split_k={cfg.split_k}: {units} work units (cluster tiles x splits) do not fit one wave of "
+                   f"{slots} {'CTA pairs' if cfg.cluster_size > 1 else 'CTAs'}; split 0 of a tile waits for "
+                   f"the other splits, so all must be resident (use fewer splits or larger tiles)")
+    regs = acc_regs(cfg.block_m, cfg.block_n, cfg.num_consumers) if cfg.block_m % (WGMMA_M * cfg.num_consumers) == 0 else 0
+    if regs > SPLITK_ACC_REG_LIMIT:
+        out.append(f"split_k={cfg.split_k} with {regs} accumulators per math thread: the split-K reducer "
+                   f"needs <= {SPLITK_ACC_REG_LIMIT} (it holds a split of partials in registers too)")
+    return out
 
 
 def single_wave_rule(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, splits: int,
@@ -163,16 +184,16 @@ def splits_used(cfg: KernelConfig, k: int) -> int:
 def split_choices(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, cluster: int,
                   multicast: str, block_k: int) -> list[int]:
     """The split_k values worth costing for a layout: 1, and each of SPLITS that leaves every
-    split >= MIN_KB_PER_SPLIT K blocks and the work units (cluster tiles x splits) within
-    MAX_SPLIT_WAVES waves of the persistent grid; only 1 for tiles of more than
-    SPLITK_ACC_REG_LIMIT accumulators per math thread."""
+    split >= MIN_KB_PER_SPLIT K blocks and the work units (cluster tiles x splits) within one
+    wave of the persistent grid; only 1 for tiles of more than SPLITK_ACC_REG_LIMIT
+    accumulators per math thread."""
     k_blocks = ceil_div(problem.k, block_k)
     if acc_regs(block_m, block_n, num_consumers_for(block_m)) > SPLITK_ACC_REG_LIMIT:
         return [1]
     units = cluster_tiles_of(problem, block_m, block_n, multicast)
     slots = max(1, device.num_sms // cluster)
     return [s for s in SPLITS
-            if s == 1 or (s * MIN_KB_PER_SPLIT <= k_blocks and units * s <= MAX_SPLIT_WAVES * slots)]
+            if s == 1 or (s * MIN_KB_PER_SPLIT <= k_blocks and units * s <= slots)]
 
 
 def cluster_tiles_of(problem: Problem, block_m: int, block_n: int, multicast: str) -> int:
@@ -185,17 +206,17 @@ def cluster_tiles_of(problem: Problem, block_m: int, block_n: int, multicast: st
     return num_m * num_n
 
 
-def readback_rounds(splits: int) -> int:
-    """Dependent L2 round trips the last split of a tile needs to read the partials back: one
-    per split (0 without split-K).
+def readback_rounds(cfg: KernelConfig, splits: int) -> int:
+    """Dependent L2 round trips split 0 of a tile needs to read the other splits' partials
+    back: one per batch of `jitgemm.layout.read_batch(cfg)` splits (0 without split-K).
 
-    The template's read-back loop runs over the splits outermost, with the 64-row atoms and the
-    float4 columns of a math thread unrolled inside it, so all loads of one split are in flight
-    together. An atom whose rows are all past M skips its loads, which shortens a round, not
-    the number of rounds (atom 0 of the first warpgroup always holds a live row); the bytes of
-    the skipped rows are left out by `partial_rows`.
+    The template's read-back loop runs over the batches outermost, with the splits of a batch,
+    the 64-row atoms and the float4 columns of a math thread unrolled inside it, so all loads of
+    one batch are in flight together. An atom whose rows are all past M skips its loads, which
+    shortens a round, not the number of rounds (atom 0 of the first warpgroup always holds a
+    live row); the bytes of the skipped rows are left out by `partial_rows`.
     """
-    return splits if splits > 1 else 0
+    return ceil_div(splits - 1, read_batch(cfg)) if splits > 1 else 0
 
 
 def partial_rows(m: int, block_m: int, num_consumers: int) -> int:
@@ -281,6 +302,7 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     # (MN-major pieces padded to the swizzle width) plus one wgmma read of each operand tile.
     # The tensor-core rate follows the CTAs the persistent grid keeps busy (the clock credit).
     t_smem = (lay.a.tile_bytes + lay.b.tile_bytes + (bm + bn) * slice_bytes) / r.smem_bytes_per_clk
+    ingress = tr.ingress * slice_bytes / tr.cta_tiles      # bytes landing in one CTA per k-block
     per_cta, l2_read = kblock_terms(r, cfg, tr, slice_bytes, t_smem, mma_rate(r, device.num_sms, slots_ctas))
     # Bytes per CTA per k-block that come from DRAM: A once, B once per column block as its
     # boxes cover it (the overhang of padded pieces is fetched by both neighbours at the same
@@ -292,26 +314,28 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
 
     epilogue = epilogue_clk(r, bm * bn * out_elem, problem.has_c, EPILOGUE_FIXED_CLK, C_LOAD_LATENCY_CLK)
 
-    # Split-K: every split parks its fp32 partial tile (only live rows) in the workspace; the
-    # last one to arrive reads all of them back, then runs the epilogue.
+    # Split-K: splits 1.. park their fp32 partial tiles (only live rows) in the workspace;
+    # split 0 reads them back and runs the epilogue.
     rows = partial_rows(problem.m, bm, cfg.num_consumers)   # per column of tiles, per split
     ws_tile = rows / num_m * bn * PARTIAL_BYTES              # bytes one split of a tile stores
-    ws_total = splits * rows * bn * PARTIAL_BYTES * (tr.cta_tiles // num_m) if splits > 1 else 0
+    ws_total = (splits - 1) * rows * bn * PARTIAL_BYTES * (tr.cta_tiles // num_m)
 
     rounds = 0
     if splits > 1:
-        rounds = SPLITK_SYNC_ROUND_TRIPS + readback_rounds(splits)
+        rounds = SPLITK_SYNC_ROUND_TRIPS + readback_rounds(cfg, splits)
 
     def fixup(active_ctas: int) -> float:
         if splits == 1:
             return 0.0
-        own = (1 + splits) * ws_tile / r.l2_sm_bytes_per_clk        # store one, read all back
-        chip = active_ctas * 2 * ws_tile / r.l2_total_bytes_per_clk  # on average each CTA moves 2
+        own = (splits - 1) * ws_tile / r.l2_sm_bytes_per_clk        # split 0 reads the others back
+        # on average a CTA moves 2 (S - 1) / S partials: splits 1.. store one, split 0 reads S - 1
+        chip = active_ctas * 2 * (splits - 1) / splits * ws_tile / r.l2_total_bytes_per_clk
         return rounds * L2_ROUND_TRIP_CLK + max(own, chip)
 
     def wave_time(active_ctas: int) -> tuple[float, str]:
         terms, bound = wave_terms(r, per_cta, l2_read, active_ctas,
-                                  dram=dram_stream_clk(r, cfg.num_stages, dram_read, active_ctas))
+                                  dram=dram_stream_clk(r, cfg.num_stages, dram_read, active_ctas),
+                                  delivery=active_ctas * ingress / r.l2_delivery_bytes_per_clk)
         return kb_unit * terms[bound] + fixup(active_ctas) + epilogue, bound
 
     # The DRAM floor: the operands at the read-only streaming rate, output and workspace at the

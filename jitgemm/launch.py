@@ -250,8 +250,14 @@ def launch_gemm(kernel, lay: KernelLayout, num_sms: int, device: int, stream: in
         runtime.launch(kernel, grid, stream, maps, [m, n, k], [alpha, beta])
         return
     splits = num_splits(cfg, k)
+    units = cluster_tiles(cfg, m, n) * splits
+    if units * cfg.cluster_size > grid:
+        # Split 0 of a tile waits for the other splits: they must all be resident at once.
+        raise ValueError(f"config {cfg.name}: {units} split-K work units do not fit one wave of "
+                         f"{grid // cfg.cluster_size} (clusters of) CTAs; use fewer splits or larger tiles")
     tiles = cluster_tiles(cfg, m, n) * cfg.cluster_size
-    partial_bytes = _round(tiles * splits * cfg.block_m * cfg.block_n * 4)
+    # fp32 partial tiles of splits 1.. (split 0 keeps its own in registers)
+    partial_bytes = _round(tiles * (splits - 1) * cfg.block_m * cfg.block_n * 4)
     counter_bytes = _round(tiles * cfg.num_consumers * 4)
     if stream_is_capturing(stream):
         partials, counters = _graph_workspaces.ensure(device, stream, partial_bytes, counter_bytes)

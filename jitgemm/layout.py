@@ -153,10 +153,21 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     # Round each region to the swizzle atom so every TMA box starts 1024-byte aligned.
     out_bytes = -(-out_bytes // SWIZZLE_ATOM) * SWIZZLE_ATOM
     stage_bytes = a.tile_bytes + b.tile_bytes
-    # tma2mma and mma2tma per stage, c_ready per math warpgroup, and one split-K flag word each
-    barriers = (2 * cfg.num_stages + 2 * cfg.num_consumers) * BARRIER_BYTES
+    # tma2mma and mma2tma per stage, c_ready per math warpgroup
+    barriers = (2 * cfg.num_stages + cfg.num_consumers) * BARRIER_BYTES
     smem = cfg.num_stages * stage_bytes + out_bytes + barriers + SWIZZLE_ATOM
     acc_regs = (wg_m // WGMMA_M) * (cfg.block_n // 2)
     return KernelLayout(cfg, a, b, wg_m, out_swizzle, out_piece_cols, (out_piece_cols, wg_m),
                         out_bytes, stage_bytes, a.tx_bytes + b.tx_bytes, smem, 128 * (1 + cfg.num_consumers),
                         acc_regs)
+
+
+# Split-K reducer: fp32 registers per math thread for partial sums in flight at once (whole
+# splits: a batch of splits costs one L2 round trip, so more is faster while nothing spills).
+PARTIALS_IN_FLIGHT_REGS = 128
+
+
+def read_batch(cfg: KernelConfig) -> int:
+    """Splits whose partials the split-K reducer (split 0) loads together: at least one."""
+    acc = (cfg.block_m // cfg.num_consumers // WGMMA_M) * (cfg.block_n // 2)
+    return max(1, min(cfg.split_k - 1, PARTIALS_IN_FLIGHT_REGS // acc))

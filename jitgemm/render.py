@@ -7,7 +7,7 @@ from importlib import resources
 import jinja2
 
 from .config import KernelConfig
-from .layout import KernelLayout, layout_of
+from .layout import KernelLayout, layout_of, read_batch
 from .problem import DTYPE_BYTES
 
 TEMPLATES = {"sm_90a": "sm90_gemm.cu.j2", "sm_100a": "sm100_gemm.cu.j2"}
@@ -62,6 +62,7 @@ def render_sm90(cfg: KernelConfig, lay: KernelLayout) -> str:
         "out_elem": DTYPE_BYTES[cfg.out_dtype],
         "pack": {"bf16": "pack_bf16x2", "fp16": "pack_f16x2", "fp32": ""}[cfg.out_dtype],
         "to_f32": {"bf16": "bf16_to_f32", "fp16": "f16_to_f32", "fp32": ""}[cfg.out_dtype],
+        "read_batch": read_batch(cfg),
         "operands": [_operand_vars("A", lay.a, cfg.a_major == "K"),
                      _operand_vars("B", lay.b, cfg.b_major == "K")],
     }
