@@ -47,7 +47,7 @@ class _Workspace:
     """Split-K scratch of one (device, stream) outside graph capture: fp32 partial tiles, then
     int tile counters.
 
-    The counters start at zero and every launch leaves them at zero (the last split of a tile
+    The counters start at zero and every launch leaves them at zero (split 0 of a tile
     resets its counter), so launches that never overlap in time reuse the buffer without a
     memset: those of one stream here, those of one stream of one graph in _GraphWorkspaces.
     """

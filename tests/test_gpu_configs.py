@@ -36,7 +36,7 @@ CASES = [
     # K of one block, and fewer K blocks than stages
     ("k_one_block", dict(block_n=128, num_stages=6), (512, 512, 64)),
     ("k_fewer_than_stages", dict(block_n=128, num_stages=6), (512, 512, 3 * 64 - 5)),
-    # split-K: partial sums in fp32, the last split adds them in order
+    # split-K: partial sums in fp32, split 0 adds the others in order
     ("splitk4", dict(block_m=64, num_consumers=1, block_n=64, num_stages=8, split_k=4), (64, 1000, 4096)),
     ("splitk3_uneven_k", dict(block_n=128, num_stages=5, split_k=3), (300, 520, 7 * 64 + 1)),
     ("splitk_more_than_kblocks", dict(block_n=128, num_stages=4, split_k=8), (128, 256, 200)),
