@@ -91,7 +91,12 @@ def test_forced_config(name, knobs, shape, layout, gen):
         assert_close(out, a2, b, out_dtype)
 
 
-@pytest.mark.parametrize("knobs", [CASES[0][1], CASES[8][1], CASES[15][1]], ids=["plain", "mcastA", "splitk"])
+def knobs_of(name):
+    return next(knobs for case, knobs, _ in CASES if case == name)
+
+
+@pytest.mark.parametrize("knobs", [knobs_of(name) for name in ("cluster1_2consumers_n256", "mcastA_odd_pairs", "splitk3_uneven_k")],
+                         ids=["plain", "mcastA", "splitk"])
 def test_forced_config_with_c(knobs, gen):
     import torch
     m, n, k = 515, 5 * 128 - 3 + 3, 700
@@ -111,7 +116,7 @@ def test_split_k_inside_a_captured_graph(gen):
     on torch's private stream works after a warm-up on another stream, and replays stay right."""
     import torch
     m, n, k = 16, 1000, 4096
-    cfg = forced_config(CASES[[c[0] for c in CASES].index("splitk4")][1], "bf16", "bf16", "row", "row")
+    cfg = forced_config(knobs_of("splitk4"), "bf16", "bf16", "row", "row")
     a = random_operand(m, k, "bf16", "row", gen)
     b = random_operand(k, n, "bf16", "row", gen)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
