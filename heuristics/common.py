@@ -96,7 +96,12 @@ class ArchRates:
       width MN-major (32-byte pieces stream at 67%, 64 at 80%, 128 at 89%). Fixed by the
       narrow N-major tiles of 128x576x7168: m64n48 (three 16-column pieces) 22.7 us unsplit
       against 16.8 for m64n32 and 16.7 for m64n64.
-    - `load_latency_clk` 1000: the TMA round trip out of L2 (data already in L2).
+    - `load_latency_clk` 2000: the TMA round trip a tile's pipeline must cover under a full
+      load (1.1 us at 1.75 GHz), so a k-block takes at least this over the stages in flight.
+      Fixed by the pipeline depths of 4096^3 (bf16, medians of three interleaved passes):
+      m128n128 B pairs ran 294 us with 3 stages against 208 with 4 and 206 with 5 (655 clocks
+      of tensor-core time a k-block: 3 stages leave it latency bound, 4 just not); m128n256 B
+      pairs 289 with 2 stages against 182 with 3; m128n192 A pairs 239 with 3 against 224 with 4.
     - `launch_clk` 2600: 1.5 us per launch: the kernel node of the graph, the CTAs' start
       (barriers, tensor-map prefetch), the first load's latency and the last tile's drain;
       constant per launch, so it shifts every candidate alike. Programmatic dependent launch
@@ -114,7 +119,7 @@ class ArchRates:
     dram_read_bytes_per_clk: int = 2550  # DRAM read-only streaming (4.46 TB/s)
     dram_latency_clk: int = 1000         # loaded DRAM round trip the stages in flight must cover
     dram_run_overhead_bytes: int = 16    # DRAM efficiency of a contiguous run: run / (run + this)
-    load_latency_clk: int = 1000         # TMA load round trip out of L2 the pipeline must cover
+    load_latency_clk: int = 2000         # TMA load round trip under load the pipeline must cover
     launch_clk: int = 2600               # per launch: launch, ramp, first load, drain (1.5 us with PDL)
     clock_ghz: float = 1.75              # sustained SM clock the per-clock rates are quoted at
 
@@ -124,7 +129,8 @@ class ArchRates:
 ARCH_RATES = {"sm_90a": ArchRates(),
               "sm_100a": ArchRates(mma_flops_per_clk=8192, mma_peak_flops_per_clk=8192, l2_sm_bytes_per_clk=64,
                                    l2_total_bytes_per_clk=8192, hbm_bytes_per_clk=4000,
-                                   dram_read_bytes_per_clk=4000, dram_run_overhead_bytes=32)}
+                                   dram_read_bytes_per_clk=4000, dram_run_overhead_bytes=32,
+                                   load_latency_clk=1000)}
 
 
 def dram_stream_clk(rates: ArchRates, stages: int, bytes_per_stage: float, active: int) -> float:

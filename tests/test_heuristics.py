@@ -344,6 +344,28 @@ def test_model_ranks_and_times_the_h200_measurements(shape, better, better_us, w
                                       f"model has {good.terms['model_us']} >= {bad.terms['model_us']}")
 
 
+# Pipeline depth on 4096^3 (bf16, medians of three interleaved passes; the heuristics pick as
+# many stages as fit): (block_m, block_n, cluster_size, multicast), (stages, us) deeper, shallower.
+H200_STAGES = [
+    ((128, 128, 2, "B"), (4, 208.0), (3, 294.1)),
+    ((128, 256, 2, "B"), (3, 181.7), (2, 288.6)),
+    ((128, 192, 2, "A"), (4, 223.6), (3, 238.8)),
+]
+
+
+@pytest.mark.parametrize("tile, deep, shallow", H200_STAGES, ids=[f"m{t[0]}n{t[1]}" for t, _, _ in H200_STAGES])
+def test_model_ranks_pipeline_depth_as_measured(tile, deep, shallow):
+    p = Problem(4096, 4096, 4096)
+    block_m, block_n, cluster, multicast = tile
+    base = common.base_config(p, H200, block_m=block_m, block_n=block_n, num_consumers=2, cluster_size=cluster,
+                              multicast=multicast)
+    costs = [sm90.cost_of(p, H200, common.with_fields(base, num_stages=stages)) for stages, _ in (deep, shallow)]
+    assert costs[0].cost < costs[1].cost, [c.terms["model_us"] for c in costs]
+    # and within TOLERANCE of the measured ratio of the two depths
+    ratio, measured = costs[1].cost / costs[0].cost, shallow[1] / deep[1]
+    assert abs(ratio / measured - 1) <= TOLERANCE, (ratio, measured)
+
+
 def test_selection_is_close_to_the_measured_best():
     # Where the measurements cover the candidates (H200_MEASURED holds each listed shape's
     # measured best), select picks the measured best or one within 5% of it (128x2112x7168:
