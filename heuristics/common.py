@@ -47,9 +47,10 @@ class ArchRates:
     load); measured bandwidths are converted to bytes per clock at that clock. Defaults are
     H200 numbers for 16-bit inputs, calibrated against H200 measurements (bf16, A K-major, B
     N-major, 132 SMs; per-call medians of CUDA-graph replays rotating through input copies
-    that defeat L2). The rates below were fixed by measurements taken before kernels were
-    launched with programmatic dependent launch (PDL), quoted with each rate; only `launch_clk`
-    was refitted for PDL. The model is checked against the PDL-era measurements in
+    that defeat L2). Most rates below were fixed by measurements taken before kernels were
+    launched with programmatic dependent launch (PDL), quoted with each rate; `launch_clk` was
+    refitted for PDL, and `l2_delivery_bytes_per_clk` and `load_latency_clk` were fixed with
+    it. The model is checked against the PDL-era measurements in
     tests/test_heuristics.py::H200_MEASURED, which also lists where it still misranks:
 
     - `mma_flops_per_clk` 3200: sustained wgmma rate with every SM busy, 78% of the 4096 peak
