@@ -4,9 +4,9 @@ Candidates: block_m in {64, 128, 256} (256 only with a 16-bit output), block_n i
 16, block_k = 128 bytes of K, and a cluster of 1, or 2 CTAs sharing the A tile (same m block,
 neighbouring n blocks) or the B tile (same n block, neighbouring m blocks); each with split_k in
 SPLITS (the K range of a tile shared by up to that many CTAs, kept to >= MIN_KB_PER_SPLIT K
-blocks a split and to one wave of work units: split 0 of a tile waits for the others). The math warpgroup count follows
-block_m (1 for 64, 2 above) and the pipeline gets as many stages as fit shared memory (capped at
-MAX_STAGES). Rules remove illegal or hopeless layouts; a cost model ranks the rest; the L2
+blocks a split and to one wave of work units: split 0 of a tile waits for the others). The math
+warpgroup count follows block_m (1 for 64, 2 above) and the pipeline gets as many stages as fit
+shared memory (capped at MAX_STAGES). Rules remove illegal or hopeless layouts; a cost model ranks the rest; the L2
 raster (groups of 8 or 16 block-rows or -columns) is chosen last, for the smallest working set.
 
 The cost model counts clock cycles of a persistent CTA, wave by wave over the work units
@@ -18,8 +18,8 @@ streaming time (the loaded DRAM latency over the stages in flight, in series wit
 share of the read bandwidth, with runs of contiguous bytes that stream the better the longer
 they are); plus, per unit, the split-K fix-up (fp32 partials to the workspace and back: their
 bytes, the other splits' store, fence and count that split 0 waits for, and the dependent L2
-round trips of its read-back, serial after the main loop) and the epilogue (the template overlaps neither with the
-main loop); the whole never below the time to stream the operands (and the workspace) from DRAM
+round trips of its read-back, serial after the main loop) and the epilogue (the template
+overlaps neither with the main loop); the whole never below the time to stream the operands (and the workspace) from DRAM
 once; plus a fixed cost per launch, more for a split-K launch.
 Rates and their calibration against H200 measurements: common.ArchRates.
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 
 from jitgemm.config import KernelConfig
-from jitgemm.layout import WGMMA_M, layout_of, read_batch, structural_problems
+from jitgemm.layout import WGMMA_M, KernelLayout, layout_of, read_batch, structural_problems
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 from . import common
@@ -93,9 +93,14 @@ def register_budget(num_consumers: int) -> int:
 # ----------------------------------------------------------------------------- rules
 
 
+def _acc_regs_of(cfg: KernelConfig) -> int:
+    """`acc_regs` of a config (0 when block_m does not split into the math warpgroups' atoms)."""
+    return acc_regs(cfg.block_m, cfg.block_n, cfg.num_consumers) if cfg.block_m % (WGMMA_M * cfg.num_consumers) == 0 else 0
+
+
 def _register_problems(cfg: KernelConfig) -> list[str]:
     out = []
-    regs = acc_regs(cfg.block_m, cfg.block_n, cfg.num_consumers) if cfg.block_m % (WGMMA_M * cfg.num_consumers) == 0 else 0
+    regs = _acc_regs_of(cfg)
     if regs > ACC_REG_LIMIT:
         out.append(f"{regs} fp32 accumulator registers per math thread (block_m={cfg.block_m} over "
                    f"{cfg.num_consumers} warpgroup(s) x block_n={cfg.block_n}) exceed {ACC_REG_LIMIT} "
@@ -149,7 +154,7 @@ def split_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> l
         out.append(f"split_k={cfg.split_k}: {units} work units (cluster tiles x splits) do not fit one wave of "
                    f"{slots} {'CTA pairs' if cfg.cluster_size > 1 else 'CTAs'}; split 0 of a tile waits for "
                    f"the other splits, so all must be resident (use fewer splits or larger tiles)")
-    regs = acc_regs(cfg.block_m, cfg.block_n, cfg.num_consumers) if cfg.block_m % (WGMMA_M * cfg.num_consumers) == 0 else 0
+    regs = _acc_regs_of(cfg)
     if regs > SPLITK_ACC_REG_LIMIT:
         out.append(f"split_k={cfg.split_k} with {regs} accumulators per math thread: the split-K reducer "
                    f"needs <= {SPLITK_ACC_REG_LIMIT} (it holds a split of partials in registers too)")
@@ -206,9 +211,9 @@ def cluster_tiles_of(problem: Problem, block_m: int, block_n: int, multicast: st
     return num_m * num_n
 
 
-def readback_rounds(cfg: KernelConfig, splits: int) -> int:
+def readback_rounds(lay: KernelLayout, splits: int) -> int:
     """Dependent L2 round trips split 0 of a tile needs to read the other splits' partials
-    back: one per batch of `jitgemm.layout.read_batch(cfg)` splits (0 without split-K).
+    back: one per batch of `jitgemm.layout.read_batch(lay)` splits (0 without split-K).
 
     The template's read-back loop runs over the batches outermost, with the splits of a batch,
     the 64-row atoms and the float4 columns of a math thread unrolled inside it, so all loads of
@@ -216,7 +221,7 @@ def readback_rounds(cfg: KernelConfig, splits: int) -> int:
     shortens a round, not the number of rounds (atom 0 of the first warpgroup always holds a
     live row); the bytes of the skipped rows are left out by `partial_rows`.
     """
-    return ceil_div(splits - 1, read_batch(cfg)) if splits > 1 else 0
+    return ceil_div(splits - 1, read_batch(lay)) if splits > 1 else 0
 
 
 def partial_rows(m: int, block_m: int, num_consumers: int) -> int:
@@ -322,7 +327,7 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
 
     rounds = 0
     if splits > 1:
-        rounds = SPLITK_SYNC_ROUND_TRIPS + readback_rounds(cfg, splits)
+        rounds = SPLITK_SYNC_ROUND_TRIPS + readback_rounds(lay, splits)
 
     def fixup(active_ctas: int) -> float:
         if splits == 1:

@@ -167,7 +167,6 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
 PARTIALS_IN_FLIGHT_REGS = 128
 
 
-def read_batch(cfg: KernelConfig) -> int:
+def read_batch(lay: KernelLayout) -> int:
     """Splits whose partials the split-K reducer (split 0) loads together: at least one."""
-    acc = (cfg.block_m // cfg.num_consumers // WGMMA_M) * (cfg.block_n // 2)
-    return max(1, min(cfg.split_k - 1, PARTIALS_IN_FLIGHT_REGS // acc))
+    return max(1, min(lay.config.split_k - 1, PARTIALS_IN_FLIGHT_REGS // lay.acc_regs))

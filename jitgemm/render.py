@@ -62,7 +62,7 @@ def render_sm90(cfg: KernelConfig, lay: KernelLayout) -> str:
         "out_elem": DTYPE_BYTES[cfg.out_dtype],
         "pack": {"bf16": "pack_bf16x2", "fp16": "pack_f16x2", "fp32": ""}[cfg.out_dtype],
         "to_f32": {"bf16": "bf16_to_f32", "fp16": "f16_to_f32", "fp32": ""}[cfg.out_dtype],
-        "read_batch": read_batch(cfg),
+        "read_batch": read_batch(lay),
         "operands": [_operand_vars("A", lay.a, cfg.a_major == "K"),
                      _operand_vars("B", lay.b, cfg.b_major == "K")],
     }

@@ -633,7 +633,7 @@ def test_partial_rows_and_readback_mirror_the_template():
     for (block_m, block_n), rounds in [((64, 64), [0, 1, 1, 1, 2, 8]), ((128, 128), [0, 1, 1, 2, 4, 16]),
                                        ((128, 192), [0, 1, 2, 3, 7, 31])]:
         cfg = KernelConfig(block_m=block_m, block_n=block_n, num_consumers=1 if block_m == 64 else 2, split_k=32)
-        assert [sm90.readback_rounds(cfg, s) for s in (1, 2, 3, 4, 8, 32)] == rounds, (block_m, block_n)
+        assert [sm90.readback_rounds(layout_of(cfg), s) for s in (1, 2, 3, 4, 8, 32)] == rounds, (block_m, block_n)
     assert render(KernelConfig(block_m=64, block_n=64, num_consumers=1, split_k=4)).count("s0 += 3") == 1
     p = Problem(128, 7168, 16384)
     cfg = KernelConfig(block_m=64, block_n=64, num_consumers=1, num_stages=3, split_k=4)
