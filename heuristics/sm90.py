@@ -265,9 +265,10 @@ def traffic(problem: Problem, block_m: int, block_n: int, b_box: int, multicast:
 
 def b_box_of(cfg: KernelConfig) -> int:
     """Columns of B one tile loads: block_n, or (N-major) whole pieces of the layout's swizzle
-    width (64 columns for 128-byte swizzling; narrower swizzles for narrow tiles)."""
+    width (64 columns for 128-byte swizzling; narrower swizzles for narrow tiles), unless the
+    tile ends in a narrow tail (`b_tail`)."""
     b = layout_of(cfg).b
-    return cfg.block_n if b.major_is_k else b.num_pieces * b.piece_extent
+    return cfg.block_n if b.major_is_k or b.tail else b.num_pieces * b.piece_extent
 
 
 def dram_runs(problem: Problem, cfg: KernelConfig) -> tuple[int, int]:
@@ -306,7 +307,9 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     # Per k-block of one CTA. Shared memory, as DeepGEMM counts it: TMA writes of the stage
     # (MN-major pieces padded to the swizzle width) plus one wgmma read of each operand tile.
     # The tensor-core rate follows the CTAs the persistent grid keeps busy (the clock credit).
-    t_smem = (lay.a.tile_bytes + lay.b.tile_bytes + (bm + bn) * slice_bytes) / r.smem_bytes_per_clk
+    # A B tail takes a second wgmma per atom, which reads the A tile again.
+    a_reads = 2 if lay.b.tail else 1
+    t_smem = (lay.a.tile_bytes + lay.b.tile_bytes + (a_reads * bm + bn) * slice_bytes) / r.smem_bytes_per_clk
     ingress = tr.ingress * slice_bytes / tr.cta_tiles      # bytes landing in one CTA per k-block
     per_cta, l2_read = kblock_terms(r, cfg, tr, slice_bytes, t_smem, mma_rate(r, device.num_sms, slots_ctas))
     # Bytes per CTA per k-block that come from DRAM: A once, B once per column block as its

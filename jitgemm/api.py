@@ -267,6 +267,9 @@ class _Kernel:
         maps = [map_a, map_b]
         if vc is not None:
             maps.append(self.output_map(vc.ptr, vc.leading_stride_bytes(1)))
+        tail = getattr(lay.b, "tail", None)   # sm_90a: the narrow last columns of an N-major B tile
+        if tail is not None:
+            maps.append(runtime.tensor_map_2d(dt, vb.ptr, n, k, vb.leading_stride_bytes(1), tail.box, tail.swizzle))
         return maps
 
     def output_map(self, ptr: int, stride_bytes: int):
@@ -274,7 +277,7 @@ class _Kernel:
         return runtime.tensor_map_2d(p.out_dtype, ptr, p.n, p.m, stride_bytes, lay.out_box, lay.out_swizzle)
 
     def launch(self, operand_maps: list, vd_ptr: int, vd_stride: int, alpha: float, beta: float) -> _Launch:
-        # kernel parameters: map_a, map_b, map_d[, map_c], M, N, K, alpha, beta
+        # kernel parameters: map_a, map_b, map_d[, map_c][, map_b_tail], M, N, K, alpha, beta
         maps = operand_maps[:2] + [self.output_map(vd_ptr, vd_stride)] + operand_maps[2:]
         return _Launch(self, maps, alpha, beta)
 

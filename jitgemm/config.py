@@ -30,6 +30,8 @@ class KernelConfig:
     split_k: int = 1            # >1: up to this many CTAs share a tile's K range (fp32 fix-up)
     a_rows: int = 0             # >0: rows of A loaded per tile (< block_m for M < block_m decode
                                 # shapes, so TMA does not fill rows past M); 0 = block_m
+    b_tail: bool = False        # N-major B whose block_n is not a multiple of the 128-byte piece:
+                                # load the last columns as a narrower piece (no padding columns)
 
     def __post_init__(self):
         problems = self.problems()
@@ -97,4 +99,5 @@ class KernelConfig:
                 f"_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}"
                 f"_c{self.num_consumers}_cl{self.cluster_size}{self.multicast}"
                 f"_g{self.group_size}{self.raster}{'_C' if self.has_c else ''}{'_swap' if self.swap_ab else ''}"
-                f"{f'_sk{self.split_k}' if self.split_k > 1 else ''}{f'_ar{self.a_rows}' if self.a_rows else ''}")
+                f"{f'_sk{self.split_k}' if self.split_k > 1 else ''}{f'_ar{self.a_rows}' if self.a_rows else ''}"
+                f"{'_bt' if self.b_tail else ''}")

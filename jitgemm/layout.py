@@ -7,8 +7,13 @@ A K-major operand tile is `rows x 64` 16-bit elements with 128-byte swizzling (o
 row per M or N index). An MN-major tile is stored as pieces of `swizzle / 2` MN-elements x
 block_k K-rows, each piece one TMA box: 128-byte swizzle (64-wide pieces) when the tile is at
 least 64 wide, else the widest of 64 or 32 bytes whose piece width divides it, so that narrow
-tiles (block_n 16, 32, 48) do not load padding. With TMA multicast of an operand, the two CTAs
-of a cluster each load half of that operand's pieces and multicast them to both CTAs.
+tiles (block_n 16, 32, 48) do not load padding. A wider MN-major tile that is not a multiple
+of 64 (block_n 80, 96, ..., 240) is loaded in 64-wide pieces, the last one padded; with
+`b_tail` B ends instead in a narrower "tail" laid out by the narrow-tile rule (its own TMA box
+and swizzle; wgmma covers it with a second, narrower instruction), so that no columns past the
+tile are loaded: 128x144 lands 144 columns of B per k-block, not 192. With TMA multicast of an
+operand, the two CTAs of a cluster each load half of that operand's pieces and multicast them
+to both CTAs.
 """
 from __future__ import annotations
 
@@ -35,11 +40,17 @@ class OperandLayout:
     multicast: bool
     box: tuple            # TMA box, innermost dimension first
     smem_rows: int        # K-major: rows the tile occupies in shared memory (>= rows loaded)
+    tail: "OperandLayout | None" = None   # MN-major: the narrower last part, after the pieces
+
+    @property
+    def main_extent(self) -> int:
+        """MN elements the full-width pieces cover (the wgmma of the tile without its tail)."""
+        return self.num_pieces * self.piece_extent if self.tail else self.extent
 
     @property
     def tx_bytes(self) -> int:
         """Bytes TMA lands in one CTA per stage (all pieces, multicast ones included)."""
-        return self.num_pieces * self.piece_bytes
+        return self.num_pieces * self.piece_bytes + (self.tail.tx_bytes if self.tail else 0)
 
     @property
     def tile_bytes(self) -> int:
@@ -68,9 +79,10 @@ class OperandLayout:
 
 
 def _operand(major_is_k: bool, extent: int, block_k: int, elem: int, multicast: bool,
-             loaded_rows: int = 0) -> OperandLayout:
+             loaded_rows: int = 0, tail: bool = False) -> OperandLayout:
     """`loaded_rows` (K-major only): load fewer rows than the tile has; wgmma still reads all
-    `extent` rows, and the rows never loaded only feed output rows that are never stored."""
+    `extent` rows, and the rows never loaded only feed output rows that are never stored.
+    `tail` (MN-major, not multicast): the columns past the last full piece form a narrow tail."""
     ranks = 2 if multicast else 1
     if major_is_k:
         swizzle = 128
@@ -82,6 +94,12 @@ def _operand(major_is_k: bool, extent: int, block_k: int, elem: int, multicast: 
         piece_extent = swizzle // elem
         num_pieces = -(-extent // piece_extent)
         box = (piece_extent, block_k)
+        tail_extent = extent % piece_extent
+        if tail and tail_extent:
+            num_pieces = extent // piece_extent
+            tail = _operand(False, tail_extent, block_k, elem, False)
+            return OperandLayout(False, extent, swizzle, piece_extent, piece_extent * block_k * elem,
+                                 num_pieces, num_pieces, False, box, extent, tail)
     piece_bytes = box[0] * box[1] * elem
     return OperandLayout(major_is_k, extent, swizzle, piece_extent, piece_bytes, num_pieces,
                          num_pieces // ranks, multicast, box, extent)
@@ -133,6 +151,11 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
         piece = mn_major_swizzle(extent, elem) // elem
         if not major_is_k and (-(-extent // piece)) % 2:
             out.append(f"multicast {name}: an MN-major tile of {extent} must span an even number of {piece}-wide pieces")
+    if cfg.b_tail:
+        piece = mn_major_swizzle(cfg.block_n, elem) // elem
+        if cfg.b_major != "N" or cfg.multicast == "B" or cfg.block_n < piece or cfg.block_n % piece == 0:
+            out.append(f"b_tail needs an N-major B that is not multicast, with block_n past a multiple of "
+                       f"{piece} (got b_major={cfg.b_major!r}, multicast={cfg.multicast!r}, block_n={cfg.block_n})")
     return out
 
 
@@ -143,7 +166,7 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     elem = DTYPE_BYTES[cfg.dtype]
     out_elem = DTYPE_BYTES[cfg.out_dtype]
     a = _operand(cfg.a_major == "K", cfg.block_m, cfg.block_k, elem, cfg.multicast == "A", cfg.a_rows)
-    b = _operand(cfg.b_major == "K", cfg.block_n, cfg.block_k, elem, cfg.multicast == "B")
+    b = _operand(cfg.b_major == "K", cfg.block_n, cfg.block_k, elem, cfg.multicast == "B", tail=cfg.b_tail)
     wg_m = cfg.block_m // cfg.num_consumers
     # Widest swizzle whose row of elements divides block_n, so that store boxes never spill
     # into the neighbouring tile.

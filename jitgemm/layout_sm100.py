@@ -165,6 +165,8 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
         out.append("split_k is not implemented for sm_100a")
     if cfg.a_rows:
         out.append("a_rows is not implemented for sm_100a")
+    if cfg.b_tail:
+        out.append("b_tail is not implemented for sm_100a")
     b_major_is_k = (cfg.a_major if cfg.swap_ab else cfg.b_major) == "K"
     b_extent = cfg.block_n // cfg.cluster_size
     if not b_major_is_k and b_extent % MN_PIECE:

@@ -32,18 +32,23 @@ def kernel_name(cfg: KernelConfig) -> str:
     return "jitgemm_" + cfg.name
 
 
-def _operand_vars(name: str, op, major_is_k: bool) -> dict:
+def _operand_vars(name: str, op, major_is_k: bool, tail: bool = False) -> dict:
+    """What the producer needs to load one operand's pieces (`tail`: the narrow last part of an
+    MN-major tile, after its full-width pieces in the same stage)."""
     lower = name.lower()
+    parent, op = (op, op.tail) if tail else (None, op)
+    origin = "m0" if name == "A" else "n0"
     return {
-        "name": name,
+        "name": f"{name} tail" if tail else name,
         "multicast": op.multicast,
         "num_pieces": op.num_pieces,
         "pieces_per_rank": op.pieces_per_rank,
         "piece_bytes": op.piece_bytes,
         "piece_extent": op.piece_extent,
         "tile_fn": f"{lower}_tile",
-        "map": f"map_{lower}",
-        "origin": "m0" if name == "A" else "n0",
+        "smem_offset": parent.num_pieces * parent.piece_bytes if tail else 0,
+        "map": f"map_{lower}_tail" if tail else f"map_{lower}",
+        "origin": f"{origin} + {parent.main_extent}" if tail else origin,
         # TMA coordinates, innermost dimension first.
         "coords": "k0, mn" if major_is_k else "mn, k0",
     }
@@ -54,7 +59,11 @@ def render_sm90(cfg: KernelConfig, lay: KernelLayout) -> str:
         "cfg": cfg,
         "lay": lay,
         "kernel_name": kernel_name(cfg),
-        "n_acc": cfg.block_n // 2,
+        # wgmma instructions per m64 atom and k16 step: (function, n, first accumulator); a tile
+        # with a B tail takes a second, narrower one whose accumulators follow the first's, in
+        # the fragment order one wgmma of the whole width would have.
+        "wgmmas": [("wgmma_main", lay.b.main_extent, 0)] +
+                  ([("wgmma_tail", lay.b.tail.extent, lay.b.main_extent // 2)] if lay.b.tail else []),
         "ab_type": {"bf16": "bf16", "fp16": "f16"}[cfg.dtype],
         # wgmma's transpose flags: 0 reads K-major operands, 1 MN-major ones.
         "trans_a": 0 if cfg.a_major == "K" else 1,
@@ -64,7 +73,8 @@ def render_sm90(cfg: KernelConfig, lay: KernelLayout) -> str:
         "to_f32": {"bf16": "bf16_to_f32", "fp16": "f16_to_f32", "fp32": ""}[cfg.out_dtype],
         "read_batch": read_batch(lay),
         "operands": [_operand_vars("A", lay.a, cfg.a_major == "K"),
-                     _operand_vars("B", lay.b, cfg.b_major == "K")],
+                     _operand_vars("B", lay.b, cfg.b_major == "K")] +
+                    ([_operand_vars("B", lay.b, False, tail=True)] if lay.b.tail else []),
     }
     return _environment().get_template(TEMPLATES["sm_90a"]).render(**variables)
 

@@ -45,6 +45,12 @@ CASES = [
     ("a_rows8", dict(block_m=64, num_consumers=1, block_n=64, num_stages=13, a_rows=8), (3, 700, 2000)),
     ("a_rows16_splitk", dict(block_m=64, num_consumers=1, block_n=64, num_stages=13, a_rows=16, split_k=3), (13, 1000, 3000)),
     ("a_rows_2consumers", dict(block_m=128, num_consumers=2, block_n=128, num_stages=5, a_rows=104), (100, 520, 900)),
+    # B tails: the columns past the last 64-wide piece load as a narrower piece (16, 32 or 3 x 16
+    # wide); the last tile's tail lies partly or wholly past N
+    ("b_tail_n144_mcastA", dict(block_n=144, num_stages=5, cluster_size=2, multicast="A", b_tail=True), (700, 1000, 900)),
+    ("b_tail_n160_splitk", dict(block_m=64, num_consumers=1, block_n=160, num_stages=6, split_k=3, b_tail=True), (64, 700, 3000)),
+    ("b_tail_n176", dict(block_n=176, num_stages=4, b_tail=True), (300, 1000, 500)),
+    ("b_tail_n80", dict(block_m=64, num_consumers=1, block_n=80, num_stages=8, b_tail=True), (100, 333, 700)),
 ]
 
 LAYOUTS = [("row", "row"), ("col", "col")]
@@ -58,9 +64,12 @@ def gen():
 
 def forced_config(knobs, dtype, out_dtype, a_layout, b_layout, has_c=False):
     """The table's knobs for this problem; a wider (fp32) output tile may cost pipeline stages.
-    a_rows applies to a K-major (row-major) A only: an M-major A loads whole tiles."""
+    a_rows applies to a K-major (row-major) A only: an M-major A loads whole tiles; b_tail to an
+    N-major (row-major) B only."""
     if a_layout == "col":
         knobs = {key: value for key, value in knobs.items() if key != "a_rows"}
+    if b_layout == "col":
+        knobs = {key: value for key, value in knobs.items() if key != "b_tail"}
     cfg = KernelConfig(dtype=dtype, out_dtype=out_dtype, a_major="K" if a_layout == "row" else "M",
                        b_major="N" if b_layout == "row" else "K", has_c=has_c, **knobs)
     while layout_of(cfg).smem_bytes > SMEM_CAPACITY["sm_90a"] and cfg.num_stages > 2:
@@ -95,8 +104,9 @@ def knobs_of(name):
     return next(knobs for case, knobs, _ in CASES if case == name)
 
 
-@pytest.mark.parametrize("knobs", [knobs_of(name) for name in ("cluster1_2consumers_n256", "mcastA_odd_pairs", "splitk3_uneven_k")],
-                         ids=["plain", "mcastA", "splitk"])
+@pytest.mark.parametrize("knobs", [knobs_of(name) for name in ("cluster1_2consumers_n256", "mcastA_odd_pairs", "splitk3_uneven_k",
+                                                                "b_tail_n144_mcastA")],
+                         ids=["plain", "mcastA", "splitk", "b_tail"])
 def test_forced_config_with_c(knobs, gen):
     import torch
     m, n, k = 515, 5 * 128 - 3 + 3, 700

@@ -540,6 +540,17 @@ def test_cost_model_knows_mn_major_b_padding():
     assert c_n.terms["l2_bytes"] == c_k.terms["l2_bytes"]
 
 
+def test_cost_model_knows_b_tails_load_no_padding():
+    # 4096x576x7168 in 128x144 tiles: padded, each of the 4 column blocks loads 192 columns; with
+    # a B tail exactly 144, so L2 delivers A 4 times and B 32 times, nothing more.
+    p = Problem(4096, 576, 7168)
+    base = dict(block_m=128, block_n=144, num_stages=5, num_consumers=2)
+    padded = sm90.cost_of(p, H200, KernelConfig(**base))
+    tailed = sm90.cost_of(p, H200, KernelConfig(b_tail=True, **base))
+    assert tailed.terms["l2_bytes"] == (4 * 4096 + 32 * 576) * 7168 * 2 < padded.terms["l2_bytes"]
+    assert not check_config(KernelConfig(b_tail=True, **base), p, H200)
+
+
 def test_cost_model_reads_b_padding_from_the_layout():
     # Narrow N-major tiles load pieces as wide as the layout's swizzle, not 64 columns.
     p = Problem(1, 4096, 4096)

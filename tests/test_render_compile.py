@@ -22,6 +22,7 @@ KNOB_CONFIGS = [
     KernelConfig(block_n=256, num_stages=3, cluster_size=2, multicast="A", a_major="M"),
     KernelConfig(block_n=128, num_stages=4, cluster_size=2, multicast="B", b_major="N", raster="n"),
     KernelConfig(block_m=64, num_consumers=1, block_n=64, num_stages=13, split_k=3, a_rows=16),
+    KernelConfig(block_n=176, num_stages=4, cluster_size=2, multicast="A", has_c=True, b_tail=True),
 ]
 
 
@@ -95,6 +96,29 @@ def test_config_validation_messages():
         KernelConfig.from_dict({"block_q": 1})
     cfg = KNOB_CONFIGS[5]
     assert KernelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_b_tail_loads_no_padding_columns():
+    """A 144-wide N-major B tile: two 64-wide pieces (128-byte swizzle) and a 16-wide tail (32-byte
+    swizzle) with its own tensor map and a second, narrower wgmma; padded, it lands 192 columns."""
+    padded = layout_of(KernelConfig(block_n=144, num_stages=5))
+    tailed = layout_of(KernelConfig(block_n=144, num_stages=5, b_tail=True))
+    assert padded.b.tail is None and padded.b.tx_bytes == 192 * 128
+    assert tailed.b.num_pieces == 2 and tailed.b.main_extent == 128 and tailed.b.tx_bytes == 144 * 128
+    tail = tailed.b.tail
+    assert (tail.extent, tail.swizzle, tail.box, tail.num_pieces) == (16, 32, (16, 64), 1)
+    assert tailed.stage_tx_bytes == tailed.stage_bytes == (128 + 144) * 128
+    src = render(KernelConfig(block_n=144, num_stages=5, b_tail=True))
+    assert "TensorMap map_b_tail" in src and "tma_load(dst, &map_b_tail, full, mn, k0);" in src
+    assert "m64n128k16" in src and "m64n16k16" in src and "m64n144k16" not in src
+    # its accumulators follow the main wgmma's: d[64..71] of the 72 per atom
+    assert '"+f"(d[64])' in src and '"+f"(d[71])' in src
+    three = layout_of(KernelConfig(block_n=176, num_stages=4, b_tail=True)).b.tail
+    assert (three.extent, three.num_pieces, three.piece_extent) == (48, 3, 16)
+    for bad in (dict(block_n=128), dict(block_n=144, b_major="K"), dict(block_n=144, cluster_size=2, multicast="B"),
+                dict(block_m=64, num_consumers=1, block_n=48)):
+        problems = structural_problems(KernelConfig(b_tail=True, **bad))
+        assert any("b_tail needs" in p for p in problems), bad
 
 
 def test_layout_arithmetic():

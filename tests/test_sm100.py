@@ -261,6 +261,7 @@ def test_tmem_is_single_buffered_when_two_buffers_do_not_fit():
     (dict(b_major="N", block_n=64, cluster_size=2, multicast="B"), "whole 64-element swizzle rows"),
     (dict(swap_ab=True, a_major="M", block_n=32), "whole 64-element swizzle rows"),
     (dict(block_m=256, num_consumers=2, block_n=272 - 16, split_k=2), "split_k"),
+    (dict(b_major="N", block_n=160, b_tail=True), "b_tail is not implemented"),
 ])
 def test_structural_rules(kw, words):
     problems = structural_problems(sm100_config(**kw))
