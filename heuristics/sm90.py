@@ -28,14 +28,14 @@ from __future__ import annotations
 import functools
 
 from jitgemm.config import KernelConfig
-from jitgemm.layout import WGMMA_M, KernelLayout, layout_of, read_batch, structural_problems
+from jitgemm.layout import SMEM_CAPACITY, WGMMA_M, KernelLayout, layout_of, read_batch, structural_problems
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 from . import common
 from .common import (Candidate, DeviceSpec, Rejection, Traffic, ceil_div, choose_raster, config_problems,
                      covered_extent, describe_layout, dram_run_efficiency, dram_stream_clk, epilogue_clk,
                      explain_search, kblock_terms, mma_rate, output_bytes, persistent_cost, rank, report_terms, screen,
-                     select_best, wave_terms, waves_of, with_fields)
+                     select_best, wave_terms, waves_of, with_fields, MIN_STAGES)
 
 ARCH = "sm_90a"
 
@@ -44,9 +44,17 @@ PRODUCER_REGS = 40
 CONSUMER_REGS = 232
 REGISTER_FILE = 65536          # 32-bit registers per SM
 ACC_REG_LIMIT = 128            # fp32 accumulators per math thread that still leave room (no spills)
+WIDE_ACC_REG_LIMIT = 192       # ... with one m64 atom per math warpgroup (NVRTC, sm_90a: m128n384
+                               # and m128n336 with a B tail compile without spills; m256n192, two
+                               # atoms with an M-major A, spills)
 THREADS_PER_WARPGROUP = 128
 
 BLOCK_MS = (64, 128, 256)
+# Tiles the cost model ranks: up to 256 wide. Wider ones (two wgmmas per atom, the output staged
+# through a ring of buffers) run as forced configs; measured on the H200 (bf16, us) they are not
+# reliably ahead: m128n384 B pairs ran 4096x24576x1536 in 458 and 4096x32768x512 in 230 against
+# 467 and 234 for the chosen m128n256 B pairs, but 8192^3 in 1632 against 1602, and m128n320
+# lost on all three. The model, given them, picks ones measured slower (m256n160, m256n176).
 BLOCK_NS = tuple(range(16, 257, 16))
 CLUSTERS = ((1, "none"), (2, "A"), (2, "B"))
 
@@ -98,12 +106,18 @@ def _acc_regs_of(cfg: KernelConfig) -> int:
     return acc_regs(cfg.block_m, cfg.block_n, cfg.num_consumers) if cfg.block_m % (WGMMA_M * cfg.num_consumers) == 0 else 0
 
 
+def acc_reg_limit(block_m: int, num_consumers: int) -> int:
+    """Most fp32 accumulators per math thread that compile without spills."""
+    return WIDE_ACC_REG_LIMIT if block_m // num_consumers == WGMMA_M else ACC_REG_LIMIT
+
+
 def _register_problems(cfg: KernelConfig) -> list[str]:
     out = []
     regs = _acc_regs_of(cfg)
-    if regs > ACC_REG_LIMIT:
+    limit = acc_reg_limit(cfg.block_m, cfg.num_consumers)
+    if regs > limit:
         out.append(f"{regs} fp32 accumulator registers per math thread (block_m={cfg.block_m} over "
-                   f"{cfg.num_consumers} warpgroup(s) x block_n={cfg.block_n}) exceed {ACC_REG_LIMIT} "
+                   f"{cfg.num_consumers} warpgroup(s) x block_n={cfg.block_n}) exceed {limit} "
                    f"of the {CONSUMER_REGS} a math thread gets: it would spill")
     budget = register_budget(cfg.num_consumers)
     if budget > REGISTER_FILE:
@@ -377,10 +391,29 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
 # ----------------------------------------------------------------------------- search
 
 
+def _smem_with_whole_staging(cfg: KernelConfig) -> int:
+    lay = layout_of(cfg)
+    return lay.smem_bytes - lay.out_bytes + lay.out_bytes_whole
+
+
+def stage_smem(cfg: KernelConfig) -> int:
+    """Shared memory of `cfg` as the stage count is chosen: with a staging buffer for every
+    store box of the tile, unless that leaves fewer than MIN_STAGES stages (tiles wider than
+    256), which stage their output through a ring of fewer buffers (`layout.epilogue_buffers`).
+    A deeper pipeline bought with fewer buffers did not pay: measured on the H200 (bf16, medians
+    of three passes, us), m128n256 B pairs with 4 stages and 2 of the 4 boxes staged at a time
+    ran 8192^3 in 1659 against 1617 with 3 stages and all 4, 4096x32768x512 in 250 against 247,
+    4096x24576x1536 in 493 against 486."""
+    shallow = with_fields(cfg, num_stages=MIN_STAGES)
+    if _smem_with_whole_staging(shallow) <= SMEM_CAPACITY[cfg.arch]:
+        return _smem_with_whole_staging(cfg)
+    return layout_of(cfg).smem_bytes
+
+
 def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int]:
-    """(`cfg` with as many pipeline stages as fit shared memory (capped; at least 2), the count
-    that fits (0 when not even 2 do))."""
-    return common.with_stages(cfg, device)
+    """(`cfg` with as many pipeline stages as fit shared memory (capped; at least 2; see
+    `stage_smem`), the count that fits (0 when not even 2 do))."""
+    return common.with_stages(cfg, device, stage_smem)
 
 
 def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
@@ -415,7 +448,7 @@ def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], l
     """All legal candidates (costed, unranked, raster not yet chosen) and the rejected layouts:
     each layout that passes the rules is costed with each of its split choices."""
     legal, rejected = [], []
-    for cfg in screen(problem, device, _layouts(problem, device), structural_problems, rejected):
+    for cfg in screen(problem, device, _layouts(problem, device), structural_problems, rejected, stage_smem):
         bm, bn = cfg.block_m, cfg.block_n
         splits = split_choices(problem, device, bm, bn, cfg.cluster_size, cfg.multicast, cfg.block_k)
         if cfg.cluster_size > 1:

@@ -121,7 +121,9 @@ class KernelLayout:
     out_swizzle: int          # bytes: 128, 64 or 32
     out_piece_cols: int       # output columns per TMA store box
     out_box: tuple            # (out_piece_cols, wg_m)
-    out_bytes: int            # epilogue staging buffer, all warpgroups
+    out_bufs: int             # staging buffers (one store box each) per math warpgroup
+    out_bytes: int            # epilogue staging, all warpgroups
+    out_bytes_whole: int      # ... with a buffer per box (= out_bytes unless the boxes take turns)
     stage_bytes: int          # shared memory of one stage
     stage_tx_bytes: int       # bytes TMA lands per stage (the tma2mma transaction count)
     smem_bytes: int           # dynamic shared memory to request, alignment slack included
@@ -151,12 +153,24 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
         piece = mn_major_swizzle(extent, elem) // elem
         if not major_is_k and (-(-extent // piece)) % 2:
             out.append(f"multicast {name}: an MN-major tile of {extent} must span an even number of {piece}-wide pieces")
+    if cfg.block_n > 256 and cfg.b_major == "K":
+        out.append(f"block_n={cfg.block_n} > 256 needs an N-major B (a K-major tile is one TMA box of at most 256 rows)")
     if cfg.b_tail:
         piece = mn_major_swizzle(cfg.block_n, elem) // elem
         if cfg.b_major != "N" or cfg.multicast == "B" or cfg.block_n < piece or cfg.block_n % piece == 0:
             out.append(f"b_tail needs an N-major B that is not multicast, with block_n past a multiple of "
                        f"{piece} (got b_major={cfg.b_major!r}, multicast={cfg.multicast!r}, block_n={cfg.block_n})")
     return out
+
+
+def epilogue_buffers(pieces: int, has_c: bool, fits) -> int:
+    """Staging buffers per math warpgroup for an output row block of `pieces` store boxes, used
+    as a ring: all of them when they fit (`fits(bufs)`) or C is read (its tile lands whole, in
+    one wait); else the most, at least 2, that fit, so that a deeper pipeline (or a tile wider
+    than 256) fits beside them. 2 when none fits: the config is then too big anyway."""
+    if has_c or pieces <= 2:
+        return pieces
+    return next((b for b in range(pieces, 1, -1) if fits(b)), 2)
 
 
 def layout_of(cfg: KernelConfig) -> KernelLayout:
@@ -172,16 +186,21 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     # into the neighbouring tile.
     out_swizzle = next(s for s in (128, 64, 32) if cfg.block_n % (s // out_elem) == 0)
     out_piece_cols = out_swizzle // out_elem
-    out_bytes = cfg.block_m * cfg.block_n * out_elem
-    # Round each region to the swizzle atom so every TMA box starts 1024-byte aligned.
-    out_bytes = -(-out_bytes // SWIZZLE_ATOM) * SWIZZLE_ATOM
     stage_bytes = a.tile_bytes + b.tile_bytes
     # tma2mma and mma2tma per stage, c_ready per math warpgroup
     barriers = (2 * cfg.num_stages + cfg.num_consumers) * BARRIER_BYTES
-    smem = cfg.num_stages * stage_bytes + out_bytes + barriers + SWIZZLE_ATOM
+    fixed = cfg.num_stages * stage_bytes + barriers + SWIZZLE_ATOM
+
+    def staging(bufs: int) -> int:   # rounded to the swizzle atom: every TMA box starts 1024-aligned
+        return -(-cfg.num_consumers * bufs * wg_m * out_swizzle // SWIZZLE_ATOM) * SWIZZLE_ATOM
+
+    out_bufs = epilogue_buffers(cfg.block_n // out_piece_cols, cfg.has_c,
+                                lambda bufs: fixed + staging(bufs) <= SMEM_CAPACITY[cfg.arch])
+    out_bytes = staging(out_bufs)
+    smem = fixed + out_bytes
     acc_regs = (wg_m // WGMMA_M) * (cfg.block_n // 2)
     return KernelLayout(cfg, a, b, wg_m, out_swizzle, out_piece_cols, (out_piece_cols, wg_m),
-                        out_bytes, stage_bytes, a.tx_bytes + b.tx_bytes, smem, 128 * (1 + cfg.num_consumers),
+                        out_bufs, out_bytes, staging(cfg.block_n // out_piece_cols), stage_bytes, a.tx_bytes + b.tx_bytes, smem, 128 * (1 + cfg.num_consumers),
                         acc_regs)
 
 

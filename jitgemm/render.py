@@ -54,16 +54,33 @@ def _operand_vars(name: str, op, major_is_k: bool, tail: bool = False) -> dict:
     }
 
 
+WGMMA_MAX_N = 256
+
+
+def b_slices(lay: KernelLayout) -> list[dict]:
+    """The wgmma instructions of one m64 atom and k16 step, each over a slice of the B tile: at
+    most 256 columns (the widest wgmma) of the full-width pieces, then the tail if any. Each
+    slice's accumulators follow the previous one's, in the fragment order one wgmma of the
+    whole width would have. `offset`: the slice's first byte in the stage's B tile; `part`:
+    the operand layout its descriptor is built from."""
+    b = lay.b
+    slices = []
+    for first in range(0, b.main_extent, WGMMA_MAX_N):
+        offset = first * 128 if b.major_is_k else first // b.piece_extent * b.piece_bytes
+        slices.append({"n": min(WGMMA_MAX_N, b.main_extent - first), "first_acc": first // 2,
+                       "offset": offset, "part": b, "what": f"columns {first}.."})
+    if b.tail:
+        slices.append({"n": b.tail.extent, "first_acc": b.main_extent // 2, "offset": b.num_pieces * b.piece_bytes,
+                       "part": b.tail, "what": f"the tail, columns {b.main_extent}.."})
+    return slices
+
+
 def render_sm90(cfg: KernelConfig, lay: KernelLayout) -> str:
     variables = {
         "cfg": cfg,
         "lay": lay,
         "kernel_name": kernel_name(cfg),
-        # wgmma instructions per m64 atom and k16 step: (function, n, first accumulator); a tile
-        # with a B tail takes a second, narrower one whose accumulators follow the first's, in
-        # the fragment order one wgmma of the whole width would have.
-        "wgmmas": [("wgmma_main", lay.b.main_extent, 0)] +
-                  ([("wgmma_tail", lay.b.tail.extent, lay.b.main_extent // 2)] if lay.b.tail else []),
+        "b_slices": b_slices(lay),
         "ab_type": {"bf16": "bf16", "fp16": "f16"}[cfg.dtype],
         # wgmma's transpose flags: 0 reads K-major operands, 1 MN-major ones.
         "trans_a": 0 if cfg.a_major == "K" else 1,

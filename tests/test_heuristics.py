@@ -421,8 +421,8 @@ def test_every_selected_config_is_sound(device):
         if cfg.block_m * cfg.block_n < 128 * 192:
             assert cfg.num_stages >= 4, where
         # and no deeper than the cap, nor shallower than what fits
-        assert cfg.num_stages == common.MAX_STAGES or layout_of(
-            KernelConfig(**{**cfg.to_dict(), "num_stages": cfg.num_stages + 1})).smem_bytes > CAPACITY, where
+        assert cfg.num_stages == common.MAX_STAGES or sm90.stage_smem(
+            KernelConfig(**{**cfg.to_dict(), "num_stages": cfg.num_stages + 1})) > CAPACITY, where
         # cluster divides the SM count; no multicast on a single wave of work units, except
         # pairs sharing B when M is exactly two m blocks (sm90.single_wave_rule)
         assert device.num_sms % cfg.cluster_size == 0, where
@@ -538,6 +538,21 @@ def test_cost_model_knows_mn_major_b_padding():
     c_n = sm90.cost_of(p_n, H200, KernelConfig(b_major="N", **base))
     c_k = sm90.cost_of(p_k, H200, KernelConfig(b_major="K", **base))
     assert c_n.terms["l2_bytes"] == c_k.terms["l2_bytes"]
+
+
+def test_stage_count_keeps_a_whole_tile_of_output_staging_unless_that_leaves_too_few():
+    # m128n256: 3 stages beside its whole 64 KB of staging, not 4 beside a ring of 2 boxes
+    # (measured slower); m128n384: its whole staging leaves 2 stages, so a ring and 3 stages.
+    wide256 = KernelConfig(block_n=256, cluster_size=2, multicast="B")
+    assert sm90.with_stages(wide256, H200)[0].num_stages == 3
+    assert layout_of(sm90.with_stages(wide256, H200)[0]).out_bufs == 4
+    wide384, stages = sm90.with_stages(KernelConfig(block_n=384, cluster_size=2, multicast="B"), H200)
+    assert stages == 3 and layout_of(wide384).out_bufs == 2
+    p = Problem(4096, 24576, 1536)
+    assert not check_config(wide384, p, H200)                  # 192 accumulators, one atom: no spill
+    too_many = check_config(KernelConfig(block_m=256, block_n=192, num_stages=3), p, H200)
+    assert any("192 fp32 accumulator registers" in t for t in too_many)   # two atoms: it would spill
+    assert max(c.block_n for c in (select(Problem(*s), H200) for s in ((4096, 24576, 1536), (8192, 8192, 8192)))) == 256
 
 
 def test_cost_model_knows_b_tails_load_no_padding():
@@ -801,7 +816,7 @@ def test_env_partial_override_rederives_dependent_fields(monkeypatch):
     cfg = config_from_env(p, H200)
     assert (cfg.block_m, cfg.block_n, cfg.num_consumers) == (64, 208, 1)
     assert (cfg.dtype, cfg.out_dtype, cfg.a_major, cfg.b_major) == ("fp16", "fp32", "M", "K")
-    assert cfg.num_stages == common.max_stages(cfg, CAPACITY)
+    assert cfg.num_stages == common.max_stages(cfg, CAPACITY, smem_of=sm90.stage_smem)
     assert check_config(cfg, p, H200) == []
     # multicast implies the cluster; cluster 1 implies no multicast
     monkeypatch.setenv("JITGEMM_CONFIG", '{"multicast": "A", "block_m": 128, "block_n": 128}')

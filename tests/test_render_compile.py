@@ -6,8 +6,8 @@ import pytest
 
 from jitgemm import compiler
 from jitgemm.config import KernelConfig
-from jitgemm.layout import layout_of, structural_problems
-from jitgemm.render import kernel_name, render
+from jitgemm.layout import SMEM_CAPACITY, layout_of, structural_problems
+from jitgemm.render import b_slices, kernel_name, render
 from jitgemm.sass import inspect_cubin
 
 # One config per template knob value: majors, dtypes, output dtypes, consumers, tile sizes,
@@ -23,6 +23,8 @@ KNOB_CONFIGS = [
     KernelConfig(block_n=128, num_stages=4, cluster_size=2, multicast="B", b_major="N", raster="n"),
     KernelConfig(block_m=64, num_consumers=1, block_n=64, num_stages=13, split_k=3, a_rows=16),
     KernelConfig(block_n=176, num_stages=4, cluster_size=2, multicast="A", has_c=True, b_tail=True),
+    KernelConfig(block_n=384, num_stages=3, cluster_size=2, multicast="B"),
+    KernelConfig(block_n=336, num_stages=3, b_tail=True, a_major="M", dtype="fp16", out_dtype="fp32"),
 ]
 
 
@@ -119,6 +121,26 @@ def test_b_tail_loads_no_padding_columns():
                 dict(block_m=64, num_consumers=1, block_n=48)):
         problems = structural_problems(KernelConfig(b_tail=True, **bad))
         assert any("b_tail needs" in p for p in problems), bad
+
+
+def test_wide_tiles_take_two_wgmmas_and_a_ring_of_staging_buffers():
+    """Past 256 columns (the widest wgmma) a tile takes one wgmma per 256-column slice, then its
+    tail; a whole tile of output staging would not fit beside 3 stages, so its store boxes take
+    turns in a ring of as many buffers as fit."""
+    wide = KernelConfig(block_n=384, num_stages=3, cluster_size=2, multicast="B")
+    lay = layout_of(wide)
+    assert [(s["n"], s["first_acc"], s["offset"]) for s in b_slices(lay)] == [(256, 0, 0), (128, 128, 4 * 8192)]
+    assert lay.num_out_pieces == 6 and lay.out_bufs == 2 and lay.out_bytes == 2 * 2 * 64 * 128
+    assert lay.out_bytes_whole == 128 * 384 * 2 and lay.smem_bytes <= SMEM_CAPACITY["sm_90a"]
+    src = render(wide)
+    assert "m64n256k16" in src and "m64n128k16" in src and "out_box++ % OUT_BUFS" in src
+    tailed = layout_of(KernelConfig(block_n=336, num_stages=3, b_tail=True))
+    assert [(s["n"], s["first_acc"], s["offset"]) for s in b_slices(tailed)] == [(256, 0, 0), (64, 128, 32768), (16, 160, 40960)]
+    # A tile whose whole staging fits keeps one buffer per box and stores them together.
+    whole = layout_of(KernelConfig(block_n=256, num_stages=3))
+    assert whole.out_bufs == whole.num_out_pieces == 4 and "out_box" not in render(KernelConfig(block_n=256, num_stages=3))
+    assert layout_of(KernelConfig(block_n=256, num_stages=4)).out_bufs == 2     # a 4th stage only fits beside a ring
+    assert any("needs an N-major B" in p for p in structural_problems(KernelConfig(block_n=384, b_major="K")))
 
 
 def test_layout_arithmetic():
