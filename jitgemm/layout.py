@@ -97,9 +97,9 @@ def _operand(major_is_k: bool, extent: int, block_k: int, elem: int, multicast: 
         tail_extent = extent % piece_extent
         if tail and tail_extent:
             num_pieces = extent // piece_extent
-            tail = _operand(False, tail_extent, block_k, elem, False)
             return OperandLayout(False, extent, swizzle, piece_extent, piece_extent * block_k * elem,
-                                 num_pieces, num_pieces, False, box, extent, tail)
+                                 num_pieces, num_pieces, False, box, extent,
+                                 _operand(False, tail_extent, block_k, elem, False))
     piece_bytes = box[0] * box[1] * elem
     return OperandLayout(major_is_k, extent, swizzle, piece_extent, piece_bytes, num_pieces,
                          num_pieces // ranks, multicast, box, extent)
