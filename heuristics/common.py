@@ -78,6 +78,13 @@ class ArchRates:
       m128n192 A pairs, 4096x24576x1536 478 with m128n256 B pairs against 499 for m128n240; a
       rate low enough to make those wider pieces cost, high enough that 4096^3 (m128n256
       pairs: 48 KB landing per CTA and k-block) stays tensor-core bound as measured.
+    - `l2_shared_wave_gain` 1.5: both L2 -> SM terms above run this much faster in a "shared
+      wave" (`sm90.shared_wave`): one wave of unsplit tiles over >= 16 m blocks, where every
+      k-slab of B is read by that many CTAs at the same moment and each of A by the column
+      blocks. Fixed by 4096x512x7168, m128n128 on 128 CTAs in 41.1 us (470 MB of L2 reads
+      and deliveries: >= 6800 bytes a clock, where the multi-wave rates give 4500-5000), and
+      4096x576x7168, 128x144 with a B tail in 55.3-56.0 unpaired and 52.4-53.3 as A pairs
+      against 57.0-59.1 for 128x192 on 96 CTAs (bf16, medians of three interleaved passes).
     - `hbm_bytes_per_clk` 2400: the measured device-to-device copy bandwidth, 4.2 TB/s (the
       output and the split-K workspace go at this rate).
     - `dram_read_bytes_per_clk` 2550: read-only streaming, 4.46 TB/s, above the copy rate (no
@@ -116,6 +123,7 @@ class ArchRates:
     l2_sm_bytes_per_clk: int = 96        # L2 -> one SM ingress
     l2_total_bytes_per_clk: int = 4500   # L2 -> all SMs (7.9 TB/s at 1.75 GHz, calibrated, see above)
     l2_delivery_bytes_per_clk: int = 5000  # bytes landing in all SMs' shared memory (multicast counts per CTA)
+    l2_shared_wave_gain: float = 1.5     # both L2 rates, in one wave of tiles sharing their operands
     hbm_bytes_per_clk: int = 2400        # DRAM copy bandwidth (H200: 4.2 TB/s at 1.75 GHz)
     dram_read_bytes_per_clk: int = 2550  # DRAM read-only streaming (4.46 TB/s)
     dram_latency_clk: int = 1000         # loaded DRAM round trip the stages in flight must cover

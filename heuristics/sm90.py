@@ -175,18 +175,34 @@ def split_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> l
     return out
 
 
+SHARED_WAVE_M_BLOCKS = 16
+
+
+def shared_wave(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, splits: int, cluster: int) -> bool:
+    """One wave of unsplit tiles over at least SHARED_WAVE_M_BLOCKS m blocks: all CTAs walk K
+    together, every k-slab of B is read by the CTAs of its column at the same moment and each
+    of A by those of its row (common.ArchRates.l2_shared_wave_gain)."""
+    num_m = ceil_div(problem.m, block_m)
+    tiles = num_m * ceil_div(problem.n, block_n)
+    return splits == 1 and num_m >= SHARED_WAVE_M_BLOCKS and tiles <= device.num_sms // cluster * cluster
+
+
 def single_wave_rule(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, splits: int,
                      multicast: str) -> str | None:
     """DeepGEMM's rule, counted in work units: no multicast when tiles x K splits fit one wave
     of CTAs (a cluster then only constrains the schedule). None when the rule does not apply.
 
-    Exception: a pair sharing B when M is exactly two m blocks. The whole problem is then
-    column pairs whose B tile dominates the traffic, and multicast halves the L2 reads of it
-    even in one wave: measured on the H200 (bf16, PDL on), m64n128 pairs sharing B ran
-    128x7168x2048 in 11.1 us against 12.6 unpaired, 128x7168x16384 in 65.9 against 73.3
-    (the previous choice, m128n128 split 2) and 128x4096x7168 split 2 in 21.7 against 22.9
-    for the best unpaired tile."""
+    Exceptions, measured on the H200 (bf16, PDL on):
+    - a pair sharing B when M is exactly two m blocks. The whole problem is then column pairs
+      whose B tile dominates the traffic, and multicast halves the L2 reads of it even in one
+      wave: m64n128 pairs sharing B ran 128x7168x2048 in 11.1 us against 12.6 unpaired,
+      128x7168x16384 in 65.9 against 73.3 (the previous choice, m128n128 split 2) and
+      128x4096x7168 split 2 in 21.7 against 22.9 for the best unpaired tile;
+    - a pair sharing A in a shared wave (`shared_wave`): 4096x576x7168 ran 128x144 A pairs
+      with a B tail in 52.4-53.3 us against 53.6-56.0 unpaired."""
     if multicast == "B" and ceil_div(problem.m, block_m) == 2:
+        return None
+    if multicast == "A" and shared_wave(problem, device, block_m, block_n, splits, 2):
         return None
     num_tiles = ceil_div(problem.m, block_m) * ceil_div(problem.n, block_n)
     if num_tiles * splits <= device.num_sms:
@@ -317,6 +333,7 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
 
     w = waves_of(tr.cluster_tiles * splits, device.num_sms // cfg.cluster_size)
     slots_ctas = w.slots * cfg.cluster_size
+    l2_gain = r.l2_shared_wave_gain if shared_wave(problem, device, bm, bn, splits, cfg.cluster_size) else 1.0
 
     # Per k-block of one CTA. Shared memory, as DeepGEMM counts it: TMA writes of the stage
     # (MN-major pieces padded to the swizzle width) plus one wgmma read of each operand tile.
@@ -355,9 +372,9 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
         return rounds * L2_ROUND_TRIP_CLK + max(own, chip)
 
     def wave_time(active_ctas: int) -> tuple[float, str]:
-        terms, bound = wave_terms(r, per_cta, l2_read, active_ctas,
+        terms, bound = wave_terms(r, per_cta, l2_read / l2_gain, active_ctas,
                                   dram=dram_stream_clk(r, cfg.num_stages, dram_read, active_ctas),
-                                  delivery=active_ctas * ingress / r.l2_delivery_bytes_per_clk)
+                                  delivery=active_ctas * ingress / (r.l2_delivery_bytes_per_clk * l2_gain))
         return kb_unit * terms[bound] + fixup(active_ctas) + epilogue, bound
 
     # The DRAM floor: the operands at the read-only streaming rate, output and workspace at the
@@ -459,7 +476,21 @@ def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], l
                 continue
             splits = [s for s in splits if single_wave_rule(problem, device, bm, bn, s, cfg.multicast) is None]
         legal.extend(cost_of(problem, device, with_fields(cfg, split_k=s)) for s in splits)
+        tail = with_tail(cfg, device)
+        if tail is not None and shared_wave(problem, device, bm, bn, 1, cfg.cluster_size) and 1 in splits:
+            legal.append(cost_of(problem, device, tail))
     return legal, rejected
+
+
+def with_tail(cfg: KernelConfig, device: DeviceSpec) -> KernelConfig | None:
+    """`cfg` loading B's last columns as a narrow tail instead of a padded piece (its smaller
+    stages may make room for one more), or None where it has no tail. Costed only in a shared
+    wave: measured on the H200 (bf16, us), 4096x576x7168 runs 128x144 with a tail in 55.3-56.0
+    (A pairs 52.4-53.3) against 58.4-62.2 padded; but on the three-wave 4096x2112x7168 128x176
+    A pairs ran 194 with a tail against 173 padded and 128x208 294 against 191 for 128x192, and
+    at M = 128 the tailed m64n96 split 3 ran 18.1 and m64n80 split 2 20.7 against 14.5."""
+    tail = with_fields(cfg, b_tail=True, split_k=1)
+    return None if structural_problems(tail) else with_stages(tail, device)[0]
 
 
 COST_MODEL = ("cycles of a persistent CTA, wave by wave over the work units (cluster tiles x K splits): "
