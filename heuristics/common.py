@@ -79,7 +79,7 @@ class ArchRates:
       rate low enough to make those wider pieces cost, high enough that 4096^3 (m128n256
       pairs: 48 KB landing per CTA and k-block) stays tensor-core bound as measured.
     - `l2_shared_wave_gain` 1.5: both L2 -> SM terms above run this much faster in a "shared
-      wave" (`sm90.shared_wave`): one wave of unsplit tiles over >= 16 m blocks, where every
+      wave" (`sm90.shared_wave`): one wave of 128-row tiles over >= 16 m blocks, where every
       k-slab of B is read by that many CTAs at the same moment and each of A by the column
       blocks. Fixed by 4096x512x7168, m128n128 on 128 CTAs in 41.1 us (470 MB of L2 reads
       and deliveries: >= 6800 bytes a clock, where the multi-wave rates give 4500-5000), and

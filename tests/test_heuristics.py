@@ -267,6 +267,11 @@ H200_MEASURED = [
     ((4096, 576, 7168), (128, 192, 1, "none", 1), 58.82, (256, 96, 1, "none", 1), 75.34),
     ((4096, 576, 7168), (128, 192, 1, "none", 1), 58.82, (128, 208, 1, "none", 1), 78.00),
     ((4096, 512, 7168), (128, 128, 2, "A", 1), 41.17, (128, 192, 1, "none", 1), 60.23),
+    # more shared waves (probe runs, 3 passes each; the first choice the model's)
+    ((2048, 1536, 7168), (128, 192, 2, "A", 1), 59.98, (128, 256, 1, "none", 1), 74.38),
+    ((4096, 768, 4096), (128, 192, 2, "A", 1), 35.92, (128, 256, 1, "none", 1), 43.39),
+    ((2048, 576, 7168), (128, 144, 2, "A", 2), 34.51, (128, 96, 2, "A", 1), 41.81),
+    ((2048, 576, 7168), (128, 192, 1, "none", 2), 33.64, (128, 96, 2, "A", 1), 41.81),
     # the wide tiles of the large shapes (common.ArchRates.l2_delivery_bytes_per_clk)
     ((4096, 32768, 512), (128, 256, 2, "B", 1), 244.44, (128, 192, 2, "A", 1), 258.69),
     ((4096, 32768, 512), (128, 256, 2, "B", 1), 244.44, (128, 224, 2, "B", 1), 263.05),
@@ -564,6 +569,18 @@ def test_stage_count_keeps_a_whole_tile_of_output_staging_unless_that_leaves_too
     too_many = check_config(KernelConfig(block_m=256, block_n=192, num_stages=3), p, H200)
     assert any("192 fp32 accumulator registers" in t for t in too_many)   # two atoms: it would spill
     assert max(c.block_n for c in (select(Problem(*s), H200) for s in ((4096, 24576, 1536), (8192, 8192, 8192)))) == 256
+
+
+def test_shared_wave_needs_one_wave_of_128_row_tiles_over_16_m_blocks():
+    assert sm90.shared_wave(Problem(4096, 576, 7168), H200, 128, 144, 1, 2)       # 128 tiles, 32 m blocks
+    assert sm90.shared_wave(Problem(2048, 576, 7168), H200, 128, 144, 2, 2)       # 64 tiles x 2 splits
+    assert not sm90.shared_wave(Problem(2048, 576, 7168), H200, 64, 144, 1, 2)    # 64-row tiles
+    assert not sm90.shared_wave(Problem(4096, 576, 7168), H200, 128, 96, 1, 1)    # 192 tiles: 2 waves
+    assert not sm90.shared_wave(Problem(1024, 576, 7168), H200, 128, 144, 1, 1)   # 8 m blocks
+    assert not sm90.shared_wave(Problem(4096, 256, 7168), H200, 128, 128, 1, 1)   # N < 512
+    # only there do B tails and A pairs in one wave get costed
+    assert select(Problem(4096, 576, 7168), H200).b_tail
+    assert not select(Problem(128, 2112, 7168), H200).b_tail
 
 
 def test_cost_model_knows_b_tails_load_no_padding():
