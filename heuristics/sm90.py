@@ -6,14 +6,18 @@ neighbouring n blocks) or the B tile (same n block, neighbouring m blocks); each
 SPLITS (the K range of a tile shared by up to that many CTAs, kept to >= MIN_KB_PER_SPLIT K
 blocks a split and to one wave of work units: split 0 of a tile waits for the others). The math
 warpgroup count follows block_m (1 for 64, 2 above) and the pipeline gets as many stages as fit
-shared memory (capped at MAX_STAGES). Rules remove illegal or hopeless layouts; a cost model ranks the rest; the L2
+shared memory beside the epilogue's staging (capped at MAX_STAGES; `stage_smem`). In a "shared
+wave" (`shared_wave`: one wave of 128-row tiles over >= 16 m blocks) pairs sharing A are
+allowed and an N-major B tile not a multiple of 64 wide is also costed with a narrow tail
+(`with_tail`). Rules remove illegal or hopeless layouts; a cost model ranks the rest; the L2
 raster (groups of 8 or 16 block-rows or -columns) is chosen last, for the smallest working set.
 
 The cost model counts clock cycles of a persistent CTA, wave by wave over the work units
 (cluster tiles x splits; so wave quantisation and the last wave's utilisation are in it): per
 k-block the slowest of tensor-core time (at the rate the busy SMs' clock allows), shared-memory
 traffic (TMA writes and wgmma reads), L2->SM ingress, TMA latency over the pipeline depth, the
-CTA's share of the chip-wide L2 bandwidth (which a multicast operand halves) and its DRAM
+CTA's share of the chip-wide L2 bandwidth (which a multicast operand halves; both L2 terms run
+faster in a shared wave) and its DRAM
 streaming time (the loaded DRAM latency over the stages in flight, in series with the CTA's
 share of the read bandwidth, with runs of contiguous bytes that stream the better the longer
 they are); plus, per unit, the split-K fix-up (fp32 partials to the workspace and back: their
