@@ -488,9 +488,10 @@ def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], l
                 continue
             splits = [s for s in splits if single_wave_rule(problem, device, bm, bn, s, cfg.multicast) is None]
         legal.extend(cost_of(problem, device, with_fields(cfg, split_k=s)) for s in splits)
-        tail = with_tail(cfg, device)
-        if tail is not None and shared_wave(problem, device, bm, bn, 1, cfg.cluster_size) and 1 in splits:
-            legal.append(cost_of(problem, device, tail))
+        if 1 in splits and shared_wave(problem, device, bm, bn, 1, cfg.cluster_size):
+            tail = with_tail(cfg, device)
+            if tail is not None:
+                legal.append(cost_of(problem, device, tail))
     return legal, rejected
 
 
