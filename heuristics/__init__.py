@@ -113,7 +113,9 @@ def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> Kerne
     other (and no cluster when select's pairing does not fit the tile given), num_stages (as many
     as fit) and split_k (the cost model's best for that tile) when the tile changes, and the
     raster when the tile or split_k changes. `{"split_k": 4}` alone keeps select's tile and
-    splits its K range up to 4 ways; `{"split_k": 1}` turns split-K off. On sm_100a the same by
+    splits its K range up to 4 ways; `{"split_k": 1}` turns split-K off. `{"swap_ab": true}`
+    (tile fields then in kernel coordinates, see jitgemm.layout) drops select's B tail, a_rows,
+    split-K and pair unless given. On sm_100a the same by
     the sm100 rules: num_consumers = block_m // 128, multicast 'A' under swap_ab else 'B' for a
     2-CTA pair (and 'none' without), num_stages and the raster by sm100's rules when the tile or
     swap_ab changes. arch comes from the
@@ -138,6 +140,14 @@ def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> Kerne
                 merged["multicast"] = "none"
             elif merged["multicast"] == "none":   # pair along the longer side by default
                 merged["multicast"] = "A" if problem.n >= problem.m else "B"
+        if merged["swap_ab"]:
+            # swap_ab takes none of select's per-tile extras (jitgemm.layout.structural_problems),
+            # and select's pair would pair other tiles: unpaired unless a pair is given
+            extras = (("b_tail", False), ("a_rows", 0), ("split_k", 1)) + \
+                ((("cluster_size", 1), ("multicast", "none")) if "cluster_size" not in data and "multicast" not in data else ())
+            for field, off in extras:
+                if field not in data:
+                    merged[field] = off
     elif device.arch == "sm_100a":
         # The sm100 rules: one MMA consumer per 128 kernel rows; a 2-CTA pair splits the MMA-B
         # side, the user's B, or A under swap_ab.
@@ -151,7 +161,7 @@ def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> Kerne
         cfg = KernelConfig(**merged)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{ENV_VAR}={text!r}: {exc}") from None
-    tile_changed = any(k in data for k in _TILE_FIELDS + ("out_dtype",))
+    tile_changed = any(k in data for k in _TILE_FIELDS + ("out_dtype", "swap_ab"))
     if device.arch == "sm_100a" and (tile_changed or "swap_ab" in data):
         from jitgemm.layout_sm100 import structural_problems as sm100_structural
         sm100 = _arch_module("sm_100a")
@@ -169,7 +179,7 @@ def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> Kerne
         if not structural_problems(cfg):
             if tile_changed and "num_stages" not in data:
                 cfg, _ = sm90.with_stages(cfg, device)
-            if tile_changed and "split_k" not in data:
+            if tile_changed and "split_k" not in data and not cfg.swap_ab:
                 cfg = sm90.with_split(cfg, problem, device)   # select's split was for its own tile
             if "raster" not in data and "group_size" not in data:
                 cfg = sm90.with_raster(cfg, problem, device)

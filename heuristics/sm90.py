@@ -32,7 +32,8 @@ from __future__ import annotations
 import functools
 
 from jitgemm.config import KernelConfig
-from jitgemm.layout import SMEM_CAPACITY, WGMMA_M, KernelLayout, layout_of, read_batch, structural_problems
+from jitgemm.layout import (SMEM_CAPACITY, WGMMA_M, KernelLayout, kernel_multicast, kernel_shape, layout_of, read_batch,
+                            structural_problems)
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 from . import common
@@ -60,6 +61,11 @@ BLOCK_MS = (64, 128, 256)
 # 467 and 234 for the chosen m128n256 B pairs, but 8192^3 in 1632 against 1602, and m128n320
 # lost on all three. The model, given them, picks ones measured slower (m256n160, m256n176).
 BLOCK_NS = tuple(range(16, 257, 16))
+# swap_ab (D^T = B^T A^T, the user's M on the wgmma's N side) is forced-only as well: measured on
+# the H200 (bf16, medians of three interleaved passes, us) cuBLAS's own tile for 4096x576x7168,
+# 128 x 160 swapped on 130 CTAs, ran 51.4 unpaired and 52.7 in pairs sharing B against 51.9 for
+# the chosen 128x144 A pairs with a B tail (cuBLAS 48.7); 2048x576x7168 38.1 against 34.3;
+# 4096x768x4096 35.9 against 35.7; decode tiles with a 16-wide wgmma N ran within 3% of the choice.
 CLUSTERS = ((1, "none"), (2, "A"), (2, "B"))
 
 # Split-K: candidate maximum split counts (KernelConfig.split_k) and the bounds on them.
@@ -131,10 +137,7 @@ def _register_problems(cfg: KernelConfig) -> list[str]:
 
 def check_config(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
     """Why `cfg` cannot run `problem` on `device` (sm_90a), in words; empty when it can."""
-    def arch_rules(c: KernelConfig) -> list[str]:
-        swap = ["swap_ab is an sm_100a option; the sm_90a kernel does not swap A and B"] if c.swap_ab else []
-        return swap + _register_problems(c)
-    return config_problems(cfg, problem, device, structural_problems, layout_of, arch_rules) or \
+    return config_problems(cfg, problem, device, structural_problems, layout_of, _register_problems) or \
         split_problems(cfg, problem, device)
 
 
@@ -449,8 +452,10 @@ def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> Kern
     """`cfg` with the L2 raster (side and group size) of the smallest working set. With split-K
     the consecutive work units of a wave are the splits of fewer tiles."""
     slots = max(1, device.num_sms // cfg.cluster_size // splits_used(cfg, problem.k))
-    raster, group, _ = choose_raster(ceil_div(problem.m, cfg.block_m), ceil_div(problem.n, cfg.block_n),
-                                     cfg.block_m, b_box_of(cfg), slots, cfg.multicast)
+    km, kn = kernel_shape(cfg, problem.m, problem.n)     # swap_ab tiles are in kernel coordinates
+    b_box = cfg.block_n if cfg.swap_ab else b_box_of(cfg)
+    raster, group, _ = choose_raster(ceil_div(km, cfg.block_m), ceil_div(kn, cfg.block_n),
+                                     cfg.block_m, b_box, slots, kernel_multicast(cfg))
     return with_fields(cfg, raster=raster, group_size=group)
 
 

@@ -8,7 +8,7 @@ from cuda.bindings import driver
 
 from . import layout_sm100, runtime
 from .config import KernelConfig
-from .layout import KernelLayout
+from .layout import KernelLayout, kernel_multicast, kernel_shape
 
 
 class CaptureError(RuntimeError):
@@ -16,11 +16,13 @@ class CaptureError(RuntimeError):
 
 
 def cluster_tiles(cfg: KernelConfig, m: int, n: int) -> int:
-    """Work items of one K split: tiles, or tile pairs for a 2-CTA cluster."""
-    tiles_m, tiles_n = -(-m // cfg.block_m), -(-n // cfg.block_n)
-    if cfg.multicast == "A":
+    """Work items of one K split (sm_90a): kernel tiles, or tile pairs for a 2-CTA cluster."""
+    km, kn = kernel_shape(cfg, m, n)
+    tiles_m, tiles_n = -(-km // cfg.block_m), -(-kn // cfg.block_n)
+    shared = kernel_multicast(cfg)
+    if shared == "A":
         tiles_n = -(-tiles_n // 2)
-    elif cfg.multicast == "B":
+    elif shared == "B":
         tiles_m = -(-tiles_m // 2)
     return tiles_m * tiles_n
 

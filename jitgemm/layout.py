@@ -14,6 +14,14 @@ and swizzle; wgmma covers it with a second, narrower instruction), so that no co
 tile are loaded: 128x144 lands 144 columns of B per k-block, not 192. With TMA multicast of an
 operand, the two CTAs of a cluster each load half of that operand's pieces and multicast them
 to both CTAs.
+
+With `swap_ab` the kernel computes D^T = B^T A^T, so that the user's M lands on the wgmma's N
+side (any multiple of 16 up to 256) and the user's N on its 64-row atoms. The tiling fields are
+then in kernel coordinates, as on sm_100a (`jitgemm.layout_sm100`): block_m runs along the
+user's N, block_n along the user's M; `multicast` still names the user operand a pair shares.
+`a` and `b` stay the user's A and B tiles (so the tensor maps do not change); the wgmma reads
+B's tile as its A operand (`mma_a`) and A's as its B operand (`mma_b`), and the epilogue stores
+the accumulators transposed (stmatrix .trans), one 64-column box of D per 64-row atom.
 """
 from __future__ import annotations
 
@@ -117,10 +125,10 @@ class KernelLayout:
     config: KernelConfig
     a: OperandLayout
     b: OperandLayout
-    wg_m: int                 # rows of the tile each math warpgroup owns
+    wg_m: int                 # kernel rows of the tile each math warpgroup owns (64-row atoms)
     out_swizzle: int          # bytes: 128, 64 or 32
     out_piece_cols: int       # output columns per TMA store box
-    out_box: tuple            # (out_piece_cols, wg_m)
+    out_box: tuple            # (out_piece_cols, rows): wg_m rows, or block_n with swap_ab
     out_bufs: int             # staging buffers (one store box each) per math warpgroup
     out_bytes: int            # epilogue staging, all warpgroups
     out_bytes_whole: int      # ... with a buffer per box (= out_bytes unless the boxes take turns)
@@ -132,20 +140,50 @@ class KernelLayout:
 
     @property
     def num_out_pieces(self) -> int:
-        return self.config.block_n // self.out_piece_cols
+        """Store boxes of one math warpgroup's part of a tile."""
+        return (self.wg_m if self.config.swap_ab else self.config.block_n) // self.out_piece_cols
+
+    @property
+    def mma_a(self) -> OperandLayout:
+        """The tile wgmma reads as its A operand (64-row atoms along kernel M)."""
+        return self.b if self.config.swap_ab else self.a
+
+    @property
+    def mma_b(self) -> OperandLayout:
+        """The tile wgmma reads as its B operand (its N = block_n)."""
+        return self.a if self.config.swap_ab else self.b
+
+
+def kernel_shape(cfg: KernelConfig, m: int, n: int) -> tuple[int, int]:
+    """(kernel M, kernel N) of a user problem with D of shape (m, n)."""
+    return (n, m) if cfg.swap_ab else (m, n)
+
+
+def kernel_multicast(cfg: KernelConfig) -> str:
+    """The kernel-side operand a 2-CTA pair shares: 'A' (same kernel m block, neighbouring n
+    blocks), 'B' (same n block, neighbouring m blocks) or 'none'. `cfg.multicast` names the
+    user's operand, which swap_ab puts on the other side."""
+    if cfg.swap_ab and cfg.multicast != "none":
+        return "B" if cfg.multicast == "A" else "A"
+    return cfg.multicast
 
 
 def structural_problems(cfg: KernelConfig) -> list[str]:
     """Reasons a config cannot be laid out (empty when it can)."""
     out = []
     elem = DTYPE_BYTES[cfg.dtype]
+    if cfg.swap_ab:
+        if cfg.out_dtype == "fp32" or cfg.has_c or cfg.split_k > 1 or cfg.a_rows or cfg.b_tail:
+            out.append("swap_ab needs a 16-bit output without C, split-K, a_rows or b_tail (its epilogue "
+                       "stores the transposed accumulators with stmatrix)")
     if cfg.block_m % (WGMMA_M * cfg.num_consumers):
         out.append(f"block_m={cfg.block_m} must give each of the {cfg.num_consumers} math warpgroups a multiple of 64 rows")
     if cfg.a_rows and (cfg.a_major != "K" or cfg.multicast == "A"):
         out.append("a_rows needs a K-major A that is not multicast")
     if cfg.cluster_size == 2 and cfg.multicast == "none":
         out.append("cluster_size 2 needs multicast 'A' or 'B'")
-    for name, major_is_k, extent in (("A", cfg.a_major == "K", cfg.block_m), ("B", cfg.b_major == "K", cfg.block_n)):
+    a_extent, b_extent = (cfg.block_n, cfg.block_m) if cfg.swap_ab else (cfg.block_m, cfg.block_n)
+    for name, major_is_k, extent in (("A", cfg.a_major == "K", a_extent), ("B", cfg.b_major == "K", b_extent)):
         if cfg.multicast != name:
             continue
         if major_is_k and (extent // 2) % 8:
@@ -153,6 +191,8 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
         piece = mn_major_swizzle(extent, elem) // elem
         if not major_is_k and (-(-extent // piece)) % 2:
             out.append(f"multicast {name}: an MN-major tile of {extent} must span an even number of {piece}-wide pieces")
+    if cfg.swap_ab and cfg.block_n > 256:
+        out.append(f"block_n={cfg.block_n} > 256 with swap_ab: it is the wgmma's N (at most 256)")
     if cfg.block_n > 256 and cfg.b_major == "K":
         out.append(f"block_n={cfg.block_n} > 256 needs an N-major B (a K-major tile is one TMA box of at most 256 rows)")
     if cfg.b_tail:
@@ -179,12 +219,15 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
         raise ValueError(f"config {cfg.name} cannot be laid out: " + "; ".join(problems))
     elem = DTYPE_BYTES[cfg.dtype]
     out_elem = DTYPE_BYTES[cfg.out_dtype]
-    a = _operand(cfg.a_major == "K", cfg.block_m, cfg.block_k, elem, cfg.multicast == "A", cfg.a_rows)
-    b = _operand(cfg.b_major == "K", cfg.block_n, cfg.block_k, elem, cfg.multicast == "B", tail=cfg.b_tail)
+    a_extent, b_extent = (cfg.block_n, cfg.block_m) if cfg.swap_ab else (cfg.block_m, cfg.block_n)
+    a = _operand(cfg.a_major == "K", a_extent, cfg.block_k, elem, cfg.multicast == "A", cfg.a_rows)
+    b = _operand(cfg.b_major == "K", b_extent, cfg.block_k, elem, cfg.multicast == "B", tail=cfg.b_tail)
     wg_m = cfg.block_m // cfg.num_consumers
-    # Widest swizzle whose row of elements divides block_n, so that store boxes never spill
+    # A math warpgroup stores D rows x columns of: wg_m x block_n, or (swap_ab) block_n x wg_m.
+    out_rows, out_cols = (cfg.block_n, wg_m) if cfg.swap_ab else (wg_m, cfg.block_n)
+    # Widest swizzle whose row of elements divides the columns, so that store boxes never spill
     # into the neighbouring tile.
-    out_swizzle = next(s for s in (128, 64, 32) if cfg.block_n % (s // out_elem) == 0)
+    out_swizzle = next(s for s in (128, 64, 32) if out_cols % (s // out_elem) == 0)
     out_piece_cols = out_swizzle // out_elem
     stage_bytes = a.tile_bytes + b.tile_bytes
     # tma2mma and mma2tma per stage, c_ready per math warpgroup
@@ -192,15 +235,15 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     fixed = cfg.num_stages * stage_bytes + barriers + SWIZZLE_ATOM
 
     def staging(bufs: int) -> int:   # rounded to the swizzle atom: every TMA box starts 1024-aligned
-        return -(-cfg.num_consumers * bufs * wg_m * out_swizzle // SWIZZLE_ATOM) * SWIZZLE_ATOM
+        return -(-cfg.num_consumers * bufs * out_rows * out_swizzle // SWIZZLE_ATOM) * SWIZZLE_ATOM
 
-    out_bufs = epilogue_buffers(cfg.block_n // out_piece_cols, cfg.has_c,
+    out_bufs = epilogue_buffers(out_cols // out_piece_cols, cfg.has_c,
                                 lambda bufs: fixed + staging(bufs) <= SMEM_CAPACITY[cfg.arch])
     out_bytes = staging(out_bufs)
     smem = fixed + out_bytes
     acc_regs = (wg_m // WGMMA_M) * (cfg.block_n // 2)
-    return KernelLayout(cfg, a, b, wg_m, out_swizzle, out_piece_cols, (out_piece_cols, wg_m),
-                        out_bufs, out_bytes, staging(cfg.block_n // out_piece_cols), stage_bytes, a.tx_bytes + b.tx_bytes, smem, 128 * (1 + cfg.num_consumers),
+    return KernelLayout(cfg, a, b, wg_m, out_swizzle, out_piece_cols, (out_piece_cols, out_rows),
+                        out_bufs, out_bytes, staging(out_cols // out_piece_cols), stage_bytes, a.tx_bytes + b.tx_bytes, smem, 128 * (1 + cfg.num_consumers),
                         acc_regs)
 
 

@@ -7,7 +7,7 @@ from importlib import resources
 import jinja2
 
 from .config import KernelConfig
-from .layout import KernelLayout, layout_of, read_batch
+from .layout import KernelLayout, kernel_multicast, layout_of, read_batch
 from .problem import DTYPE_BYTES
 
 TEMPLATES = {"sm_90a": "sm90_gemm.cu.j2", "sm_100a": "sm100_gemm.cu.j2"}
@@ -32,12 +32,13 @@ def kernel_name(cfg: KernelConfig) -> str:
     return "jitgemm_" + cfg.name
 
 
-def _operand_vars(name: str, op, major_is_k: bool, tail: bool = False) -> dict:
+def _operand_vars(name: str, op, major_is_k: bool, swap_ab: bool, tail: bool = False) -> dict:
     """What the producer needs to load one operand's pieces (`tail`: the narrow last part of an
-    MN-major tile, after its full-width pieces in the same stage)."""
+    MN-major tile, after its full-width pieces in the same stage). Tiles start at the kernel
+    tile's m0 (A) and n0 (B), the other way round under swap_ab."""
     lower = name.lower()
     parent, op = (op, op.tail) if tail else (None, op)
-    origin = "m0" if name == "A" else "n0"
+    origin = "m0" if (name == "A") != swap_ab else "n0"
     return {
         "name": f"{name} tail" if tail else name,
         "multicast": op.multicast,
@@ -58,12 +59,13 @@ WGMMA_MAX_N = 256
 
 
 def b_slices(lay: KernelLayout) -> list[dict]:
-    """The wgmma instructions of one m64 atom and k16 step, each over a slice of the B tile: at
+    """The wgmma instructions of one m64 atom and k16 step, each over a slice of wgmma's B operand
+    tile (`lay.mma_b`: the user's B, or A under swap_ab): at
     most 256 columns (the widest wgmma) of the full-width pieces, then the tail if any. Each
     slice's accumulators follow the previous one's, in the fragment order one wgmma of the
     whole width would have. `offset`: the slice's first byte in the stage's B tile; `part`:
     the operand layout its descriptor is built from."""
-    b = lay.b
+    b = lay.mma_b
     slices = []
     for first in range(0, b.main_extent, WGMMA_MAX_N):
         offset = first * 128 if b.major_is_k else first // b.piece_extent * b.piece_bytes
@@ -81,17 +83,21 @@ def render_sm90(cfg: KernelConfig, lay: KernelLayout) -> str:
         "lay": lay,
         "kernel_name": kernel_name(cfg),
         "b_slices": b_slices(lay),
+        "pair": kernel_multicast(cfg),
+        # the stage's tile each wgmma operand reads
+        "mma_a_tile": "b_tile" if cfg.swap_ab else "a_tile",
+        "mma_b_tile": "a_tile" if cfg.swap_ab else "b_tile",
         "ab_type": {"bf16": "bf16", "fp16": "f16"}[cfg.dtype],
         # wgmma's transpose flags: 0 reads K-major operands, 1 MN-major ones.
-        "trans_a": 0 if cfg.a_major == "K" else 1,
-        "trans_b": 0 if cfg.b_major == "K" else 1,
+        "trans_a": 0 if lay.mma_a.major_is_k else 1,
+        "trans_b": 0 if lay.mma_b.major_is_k else 1,
         "out_elem": DTYPE_BYTES[cfg.out_dtype],
         "pack": {"bf16": "pack_bf16x2", "fp16": "pack_f16x2", "fp32": ""}[cfg.out_dtype],
         "to_f32": {"bf16": "bf16_to_f32", "fp16": "f16_to_f32", "fp32": ""}[cfg.out_dtype],
         "read_batch": read_batch(lay),
-        "operands": [_operand_vars("A", lay.a, cfg.a_major == "K"),
-                     _operand_vars("B", lay.b, cfg.b_major == "K")] +
-                    ([_operand_vars("B", lay.b, False, tail=True)] if lay.b.tail else []),
+        "operands": [_operand_vars("A", lay.a, cfg.a_major == "K", cfg.swap_ab),
+                     _operand_vars("B", lay.b, cfg.b_major == "K", cfg.swap_ab)] +
+                    ([_operand_vars("B", lay.b, False, cfg.swap_ab, tail=True)] if lay.b.tail else []),
     }
     return _environment().get_template(TEMPLATES["sm_90a"]).render(**variables)
 

@@ -106,6 +106,34 @@ def test_forced_config(name, knobs, shape, layout, gen):
         assert_close(out, a2, b, out_dtype)
 
 
+# swap_ab (kernel coordinates: block_m along the user's N, block_n along the user's M): a 16-bit
+# output stored transposed; edges along both kernel dimensions, pairs sharing either operand,
+# two atoms per warpgroup, several tiles per CTA, and a decode-like M of 5 on a 16-wide wgmma N.
+SWAP_CASES = [
+    ("swap_mcastB_odd_pairs", dict(block_n=160, num_stages=5, cluster_size=2, multicast="B"), (1000, 577, 700)),
+    ("swap_mcastA", dict(block_n=128, num_stages=5, cluster_size=2, multicast="A"), (600, 650, 300)),
+    ("swap_2_atoms", dict(block_m=256, block_n=96, num_stages=4), (300, 1000, 500)),
+    ("swap_many_tiles", dict(block_n=80, num_stages=6), (3000, 1100, 200)),
+    ("swap_decode_n16", dict(block_m=64, num_consumers=1, block_n=16, num_stages=8), (5, 700, 1000)),
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["rr", "cc"])
+@pytest.mark.parametrize("name, knobs, shape", SWAP_CASES, ids=[c[0] for c in SWAP_CASES])
+def test_forced_swap_ab(name, knobs, shape, layout, gen):
+    m, n, k = shape
+    for dtype in ("bf16", "fp16"):
+        cfg = forced_config({**knobs, "swap_ab": True}, dtype, dtype, *layout)
+        a = random_operand(m, k, dtype, layout[0], gen)
+        b = random_operand(k, n, dtype, layout[1], gen)
+        buf, out = guarded_out(m, n, dtype)
+        jitgemm.gemm(a, b, out=out, config=cfg)
+        import torch
+        torch.cuda.synchronize()
+        assert guard_untouched(buf, m, n), f"{cfg.name} wrote outside the output"
+        assert_close(out, a, b, dtype)
+
+
 def knobs_of(name):
     return next(knobs for case, knobs, _ in CASES if case == name)
 

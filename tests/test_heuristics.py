@@ -800,7 +800,7 @@ def test_check_config_smem_registers_structure():
     assert any("256 fp32 accumulator registers" in r for r in spills)
     structure = check_config(_cfg(block_m=64, num_consumers=2, block_n=128), p, H200)
     assert any("multiple of 64 rows" in r for r in structure)
-    assert any("swap_ab" in r for r in check_config(_cfg(swap_ab=True), p, H200))
+    assert any("swap_ab needs" in r for r in check_config(_cfg(swap_ab=True, split_k=2), p, H200))
     assert check_config("not a config", p, H200)
 
 
@@ -905,6 +905,21 @@ def test_env_errors_name_the_variable(monkeypatch, text, message):
     monkeypatch.setenv("JITGEMM_CONFIG", text)
     with pytest.raises(ValueError, match=message):
         config_from_env(Problem(4096, 4096, 4096), H200)
+
+
+def test_env_override_swap_ab_on_sm90(monkeypatch):
+    # select's B tail, pair and stages belong to its own tile: a swapped tile drops them
+    p = Problem(4096, 576, 7168)
+    assert select(p, H200).b_tail and select(p, H200).cluster_size == 2
+    monkeypatch.setenv("JITGEMM_CONFIG", '{"swap_ab": true, "block_m": 128, "block_n": 160}')
+    cfg = config_from_env(p, H200)
+    assert (cfg.swap_ab, cfg.b_tail, cfg.split_k, cfg.cluster_size, cfg.num_stages) == (True, False, 1, 1, 5)
+    assert check_config(cfg, p, H200) == []
+    monkeypatch.setenv("JITGEMM_CONFIG", '{"swap_ab": true, "block_n": 160, "multicast": "B"}')
+    assert (lambda c: (c.cluster_size, c.multicast))(config_from_env(p, H200)) == (2, "B")
+    monkeypatch.setenv("JITGEMM_CONFIG", '{"swap_ab": true, "split_k": 2}')
+    with pytest.raises(ValueError, match="swap_ab needs a 16-bit output"):
+        config_from_env(p, H200)
 
 
 def test_env_override_on_sm100_follows_the_sm100_rules(monkeypatch):

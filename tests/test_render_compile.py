@@ -25,6 +25,8 @@ KNOB_CONFIGS = [
     KernelConfig(block_n=176, num_stages=4, cluster_size=2, multicast="A", has_c=True, b_tail=True),
     KernelConfig(block_n=384, num_stages=3, cluster_size=2, multicast="B"),
     KernelConfig(block_n=336, num_stages=3, b_tail=True, a_major="M", dtype="fp16", out_dtype="fp32"),
+    KernelConfig(block_n=160, num_stages=5, cluster_size=2, multicast="B", swap_ab=True),
+    KernelConfig(block_m=256, block_n=96, num_stages=4, swap_ab=True, a_major="M", b_major="K", dtype="fp16", out_dtype="fp16"),
 ]
 
 
@@ -155,3 +157,34 @@ def test_layout_arithmetic():
     decode = layout_of(KernelConfig(block_m=64, num_consumers=1, block_n=64, a_rows=8))
     assert decode.a.box == (64, 8) and decode.a.tile_bytes == 64 * 128     # loads 8 rows of 64
     assert decode.stage_tx_bytes == 8 * 128 + 64 * 128 and decode.stage_bytes == 2 * 64 * 128
+
+
+def test_swap_ab_puts_the_users_m_on_the_wgmma_n_side():
+    # 4096x576x7168 as cuBLAS tiles it: kernel M (the user's N) in 64-row atoms, kernel N (the
+    # user's M) 160 wide; the pair shares the user's B tile, which is the wgmma's A operand.
+    cfg = KernelConfig(block_n=160, num_stages=5, cluster_size=2, multicast="B", swap_ab=True)
+    lay = layout_of(cfg)
+    assert (lay.a.extent, lay.a.box, lay.a.multicast) == (160, (64, 160), False)
+    assert (lay.b.extent, lay.b.box, lay.b.pieces_per_rank, lay.b.multicast) == (128, (64, 64), 1, True)
+    assert lay.mma_a is lay.b and lay.mma_b is lay.a
+    assert lay.out_box == (64, 160) and lay.num_out_pieces == 1 and lay.acc_regs == 80
+    src = render(cfg)
+    assert "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16" in src
+    assert re.search(r"p, 1, 1, 1, 0;", src)            # B's N-major tile is the MN-major wgmma A
+    assert "const int kernel_m = N, kernel_n = M;" in src
+    assert "tma_load(dst, &map_a, full, k0, mn);" in src and "const int mn = n0 + p * 160;" in src
+    assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in src
+    from jitgemm.launch import cluster_tiles
+    # kernel tiles: ceil(576 / 128) = 5 along kernel M, ceil(4096 / 160) = 26 along kernel N, in
+    # pairs along kernel N (the shared B tile is the kernel's A)
+    assert cluster_tiles(cfg, 4096, 576) == 5 * 13
+
+
+def test_swap_ab_rules():
+    base = dict(block_n=160, num_stages=4, swap_ab=True)
+    for bad in (dict(out_dtype="fp32"), dict(has_c=True), dict(split_k=2), dict(block_m=64, num_consumers=1, a_rows=8),
+                dict(b_tail=True)):
+        problems = structural_problems(KernelConfig(**{**base, **bad}))
+        assert any("swap_ab needs a 16-bit output" in p for p in problems), bad
+    assert not structural_problems(KernelConfig(**base))
+    assert any("wgmma's N" in p for p in structural_problems(KernelConfig(**{**base, "block_n": 288})))
