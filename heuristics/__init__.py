@@ -162,7 +162,7 @@ def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> Kerne
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{ENV_VAR}={text!r}: {exc}") from None
     tile_changed = any(k in data for k in _TILE_FIELDS + ("out_dtype", "swap_ab"))
-    if device.arch == "sm_100a" and (tile_changed or "swap_ab" in data):
+    if device.arch == "sm_100a" and tile_changed:
         from jitgemm.layout_sm100 import structural_problems as sm100_structural
         sm100 = _arch_module("sm_100a")
         if not sm100_structural(cfg):

@@ -309,10 +309,10 @@ def traffic(problem: Problem, block_m: int, block_n: int, b_box: int, multicast:
 
 
 def b_box_of(cfg: KernelConfig) -> int:
-    """Columns of B one tile loads: block_n, or (N-major) whole pieces of the layout's swizzle
-    width (64 columns for 128-byte swizzling; narrower swizzles for narrow tiles), unless the
-    tile ends in a narrow tail (`b_tail`)."""
-    b = layout_of(cfg).b
+    """Columns of the wgmma's B operand (B, or A under swap_ab) one tile loads: block_n, or
+    (MN-major) whole pieces of the layout's swizzle width (64 columns for 128-byte swizzling;
+    narrower swizzles for narrow tiles), unless the tile ends in a narrow tail (`b_tail`)."""
+    b = layout_of(cfg).mma_b
     return cfg.block_n if b.major_is_k or b.tail else b.num_pieces * b.piece_extent
 
 
@@ -332,7 +332,10 @@ def dram_runs(problem: Problem, cfg: KernelConfig) -> tuple[int, int]:
 
 
 def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidate:
-    """Model the run time of `cfg` on `problem` (clock cycles) and keep the terms for `explain`."""
+    """Model the run time of `cfg` on `problem` (clock cycles) and keep the terms for `explain`.
+    The model reads tiles in user coordinates: swap_ab configs (forced only) are not modelled."""
+    if cfg.swap_ab:
+        raise ValueError(f"{cfg.name}: the sm_90a cost model does not model swap_ab configs")
     r = device.rates
     lay = layout_of(cfg)
     elem = DTYPE_BYTES[problem.dtype]
@@ -453,9 +456,8 @@ def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> Kern
     the consecutive work units of a wave are the splits of fewer tiles."""
     slots = max(1, device.num_sms // cfg.cluster_size // splits_used(cfg, problem.k))
     km, kn = kernel_shape(cfg, problem.m, problem.n)     # swap_ab tiles are in kernel coordinates
-    b_box = cfg.block_n if cfg.swap_ab else b_box_of(cfg)
     raster, group, _ = choose_raster(ceil_div(km, cfg.block_m), ceil_div(kn, cfg.block_n),
-                                     cfg.block_m, b_box, slots, kernel_multicast(cfg))
+                                     cfg.block_m, b_box_of(cfg), slots, kernel_multicast(cfg))
     return with_fields(cfg, raster=raster, group_size=group)
 
 

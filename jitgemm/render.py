@@ -63,7 +63,7 @@ def b_slices(lay: KernelLayout) -> list[dict]:
     tile (`lay.mma_b`: the user's B, or A under swap_ab): at
     most 256 columns (the widest wgmma) of the full-width pieces, then the tail if any. Each
     slice's accumulators follow the previous one's, in the fragment order one wgmma of the
-    whole width would have. `offset`: the slice's first byte in the stage's B tile; `part`:
+    whole width would have. `offset`: the slice's first byte in that operand's tile; `part`:
     the operand layout its descriptor is built from."""
     b = lay.mma_b
     slices = []

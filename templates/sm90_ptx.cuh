@@ -22,7 +22,7 @@ __device__ __forceinline__ void griddep_wait() {
 // ---- stmatrix ----
 // Stores four 8x8 16-bit matrices transposed: register q of a thread holds its two elements
 // (row lane / 4, columns 2 * (lane % 4) + {0, 1}) of matrix q; lanes 8q..8q+7 give the addresses
-// of the rows of stored matrix q (16 bytes each).
+// of the rows of stored matrix q (16 bytes each): stored row i receives column i of the fragment.
 __device__ __forceinline__ void stmatrix_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], { %1, %2, %3, %4 };"
                  :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");

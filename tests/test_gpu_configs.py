@@ -115,12 +115,14 @@ SWAP_CASES = [
     ("swap_2_atoms", dict(block_m=256, block_n=96, num_stages=4), (300, 1000, 500)),
     ("swap_many_tiles", dict(block_n=80, num_stages=6), (3000, 1100, 200)),
     ("swap_decode_n16", dict(block_m=64, num_consumers=1, block_n=16, num_stages=8), (5, 700, 1000)),
+    ("swap_4_atoms_n48", dict(block_m=256, num_consumers=1, block_n=48, num_stages=5), (100, 600, 400)),
 ]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=["rr", "cc"])
+@pytest.mark.parametrize("layout", LAYOUTS + [("row", "col"), ("col", "row")], ids=["rr", "cc", "rc", "cr"])
 @pytest.mark.parametrize("name, knobs, shape", SWAP_CASES, ids=[c[0] for c in SWAP_CASES])
 def test_forced_swap_ab(name, knobs, shape, layout, gen):
+    import torch
     m, n, k = shape
     for dtype in ("bf16", "fp16"):
         cfg = forced_config({**knobs, "swap_ab": True}, dtype, dtype, *layout)
@@ -128,7 +130,6 @@ def test_forced_swap_ab(name, knobs, shape, layout, gen):
         b = random_operand(k, n, dtype, layout[1], gen)
         buf, out = guarded_out(m, n, dtype)
         jitgemm.gemm(a, b, out=out, config=cfg)
-        import torch
         torch.cuda.synchronize()
         assert guard_untouched(buf, m, n), f"{cfg.name} wrote outside the output"
         assert_close(out, a, b, dtype)
