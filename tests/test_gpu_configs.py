@@ -81,6 +81,21 @@ def forced_config(knobs, dtype, out_dtype, a_layout, b_layout, has_c=False):
     return cfg
 
 
+def check_forced(cfg, shape, layout, gen):
+    """Run `cfg` on fresh random operands into a NaN-poisoned, guarded output and check it
+    against float64; returns (out, b) for a second run into the same buffer."""
+    import torch
+    m, n, k = shape
+    a = random_operand(m, k, cfg.dtype, layout[0], gen)
+    b = random_operand(k, n, cfg.dtype, layout[1], gen)
+    buf, out = guarded_out(m, n, cfg.out_dtype)
+    jitgemm.gemm(a, b, out=out, config=cfg)
+    torch.cuda.synchronize()
+    assert guard_untouched(buf, m, n), f"{cfg.name} wrote outside the output"
+    assert_close(out, a, b, cfg.out_dtype)
+    return out, b
+
+
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["rr", "cc"])
 @pytest.mark.parametrize("name, knobs, shape", CASES, ids=[c[0] for c in CASES])
 def test_forced_config(name, knobs, shape, layout, gen):
@@ -91,14 +106,7 @@ def test_forced_config(name, knobs, shape, layout, gen):
         cfg = forced_config(knobs, dtype, out_dtype, *layout)
         if cfg.num_stages < 3:
             continue    # an fp32 tile this wide leaves too few stages: the heuristics never emit it
-        a = random_operand(m, k, dtype, layout[0], gen)
-        b = random_operand(k, n, dtype, layout[1], gen)
-        buf, out = guarded_out(m, n, out_dtype)
-        jitgemm.gemm(a, b, out=out, config=cfg)
-        import torch
-        torch.cuda.synchronize()
-        assert guard_untouched(buf, m, n), f"{cfg.name} wrote outside the output"
-        assert_close(out, a, b, out_dtype)
+        out, b = check_forced(cfg, shape, layout, gen)
         # Run again on fresh data into the same buffer: split-K counters must have been reset.
         a2 = random_operand(m, k, dtype, layout[0], gen)
         out.fill_(float("nan"))
@@ -122,17 +130,8 @@ SWAP_CASES = [
 @pytest.mark.parametrize("layout", LAYOUTS + [("row", "col"), ("col", "row")], ids=["rr", "cc", "rc", "cr"])
 @pytest.mark.parametrize("name, knobs, shape", SWAP_CASES, ids=[c[0] for c in SWAP_CASES])
 def test_forced_swap_ab(name, knobs, shape, layout, gen):
-    import torch
-    m, n, k = shape
     for dtype in ("bf16", "fp16"):
-        cfg = forced_config({**knobs, "swap_ab": True}, dtype, dtype, *layout)
-        a = random_operand(m, k, dtype, layout[0], gen)
-        b = random_operand(k, n, dtype, layout[1], gen)
-        buf, out = guarded_out(m, n, dtype)
-        jitgemm.gemm(a, b, out=out, config=cfg)
-        torch.cuda.synchronize()
-        assert guard_untouched(buf, m, n), f"{cfg.name} wrote outside the output"
-        assert_close(out, a, b, dtype)
+        check_forced(forced_config({**knobs, "swap_ab": True}, dtype, dtype, *layout), shape, layout, gen)
 
 
 def knobs_of(name):
