@@ -1,7 +1,7 @@
 """jitgemm vs cuBLAS (torch.matmul), side by side on the same inputs, in one run.
 
     python examples/benchmark.py [--shapes examples/public_shapes.txt] [--dtypes bf16,fp16]
-                                 [--json results.json] [--check]
+                                 [--json results.json] [--check] [--tune]
 
 For each shape both libraries are timed on the same rotating set of input copies (enough of
 them that the working set is several times the 60 MB L2), interleaved round by round. Each
@@ -9,6 +9,11 @@ round replays a CUDA graph of back-to-back calls and is timed with CUDA events, 
 overhead is excluded for both; the per-call median over rounds is reported. The run also
 measures device-to-device copy bandwidth, to express memory-bound shapes as a fraction of it,
 and records the GPU, its SM clock before and after, power draw and the date.
+
+With --tune every shape is first tuned on this GPU (`jitgemm.tuning.tune`, as `jitgemm tune`
+does) and the tuning file then picks jitgemm's configs; without it, configs come from the
+tuning file when it has the shape (`JITGEMM_TUNED=0` ignores it), else from the heuristics.
+The table marks tuned configs.
 """
 import argparse
 import datetime
@@ -23,7 +28,7 @@ from pathlib import Path
 import torch
 
 import jitgemm
-from jitgemm import api, heuristics, runtime
+from jitgemm import api, heuristics, runtime, tuning
 from jitgemm.problem import Problem
 
 L2_DEFEAT_BYTES = 512 << 20     # rotate through at least this many bytes of inputs
@@ -117,13 +122,15 @@ def bench_shape(m, n, k, dtype, check):
         t_jit.append(time_graph(g_jit))
         t_ref.append(time_graph(g_ref))
     us_jit, us_ref = statistics.median(t_jit), statistics.median(t_ref)
-    cfg = heuristics.select(Problem(m, n, k, dtype, dtype, "K", "N"), api.device_spec(0))
+    problem = Problem(m, n, k, dtype, dtype, "K", "N")
+    cfg = api.config_for(problem)
     return {
         "m": m, "n": n, "k": k, "dtype": dtype,
         "jitgemm_us": us_jit, "cublas_us": us_ref,
         "jitgemm_tflops": 2 * m * n * k / us_jit * 1e-6, "cublas_tflops": 2 * m * n * k / us_ref * 1e-6,
         "jitgemm_gbps": per_set / us_jit * 1e-3, "cublas_gbps": per_set / us_ref * 1e-3,
         "ratio": us_ref / us_jit, "config": cfg.name,
+        "tuned": cfg != heuristics.select(problem, api.device_spec(0)),
     }
 
 
@@ -134,9 +141,18 @@ def main(argv=None):
     parser.add_argument("--json", help="write all numbers to this file")
     parser.add_argument("--markdown", help="write the table for BENCHMARKS.md to this file")
     parser.add_argument("--check", action="store_true", help="check each shape against a float64 reference first")
+    parser.add_argument("--tune", action="store_true",
+                        help="first run `jitgemm tune` on every shape (the tuning file then picks the configs)")
     args = parser.parse_args(argv)
     shapes = read_shapes(args.shapes)
     torch.manual_seed(0)
+    if args.tune:
+        for dtype in args.dtypes.split(","):
+            for m, n, k in shapes:
+                r = tuning.tune(Problem(m, n, k, dtype, dtype, "K", "N"))
+                first = r.chosen_by_heuristics
+                print(f"tuned {dtype} {m}x{n}x{k}: {r.best.name} {r.times_us[r.best.name]:.2f} us, the heuristics' "
+                      f"{first} {r.times_us[first]:.2f} us", flush=True)
     before = gpu_state()
     copy_bps = copy_bandwidth()
     rows = []
@@ -153,7 +169,9 @@ def main(argv=None):
     summary = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "gpu_before": before, "gpu_after": after, "copy_bandwidth_GBps": copy_bps * 1e-9,
                "jitgemm_version": jitgemm.__version__, "rows": rows, "geomean": {},
-               "programmatic_launch": os.environ.get(runtime.ENV_PDL, "1") != "0"}
+               "programmatic_launch": os.environ.get(runtime.ENV_PDL, "1") != "0",
+               "tuning": {"enabled": tuning.enabled(), "tuned_now": args.tune,
+                          "rows_tuned": sum(r["tuned"] for r in rows)}}
     print(f"\n{before.get('name')}  SM clock before {before.get('clocks.sm')} after {after.get('clocks.sm')}"
           f"  power before {before.get('power.draw')} after {after.get('power.draw')}"
           f"  copy bandwidth {copy_bps * 1e-9:.0f} GB/s  {summary['date']}")
@@ -171,6 +189,14 @@ def main(argv=None):
     return summary
 
 
+def tuned_note(summary):
+    tuning_state = summary.get("tuning", {})
+    if not tuning_state.get("rows_tuned"):
+        return "configs chosen by the heuristics"
+    how = "tuned in this run (`--tune`)" if tuning_state.get("tuned_now") else "from the tuning file"
+    return f"{tuning_state['rows_tuned']} configs {how}, marked (tuned); the rest the heuristics' choice"
+
+
 def markdown(summary):
     """The run as Markdown: conditions, then one table per dtype with the geometric mean."""
     b, a = summary["gpu_before"], summary["gpu_after"]
@@ -178,7 +204,8 @@ def markdown(summary):
              f"{b.get('clocks.sm')} before / {a.get('clocks.sm')} after, power {b.get('power.draw')} before / "
              f"{a.get('power.draw')} after (limit {b.get('power.limit')}); device-to-device copy "
              f"{summary['copy_bandwidth_GBps']:.0f} GB/s (read + write); jitgemm programmatic dependent launch "
-             f"{'on' if summary['programmatic_launch'] else 'off (JITGEMM_PDL=0)'}.", ""]
+             f"{'on' if summary['programmatic_launch'] else 'off (JITGEMM_PDL=0)'}; "
+             f"{tuned_note(summary)}.", ""]
     for dtype, gm in summary["geomean"].items():
         lines += [f"**{dtype}**: geometric mean of cuBLAS time / jitgemm time = **{gm:.3f}**", "",
                   "| M | N | K | jitgemm µs | cuBLAS µs | ratio | jitgemm TFLOP/s | GB/s (% of copy) | config |",
@@ -187,7 +214,8 @@ def markdown(summary):
             if r["dtype"] == dtype:
                 lines.append(f"| {r['m']} | {r['n']} | {r['k']} | {r['jitgemm_us']:.1f} | {r['cublas_us']:.1f} | "
                              f"{r['ratio']:.3f} | {r['jitgemm_tflops']:.0f} | {r['jitgemm_gbps']:.0f} "
-                             f"({r['copy_fraction']:.0%}) | `{r['config'].removeprefix('sm_90a_')}` |")
+                             f"({r['copy_fraction']:.0%}) | `{r['config'].removeprefix('sm_90a_')}`"
+                             f"{' (tuned)' if r.get('tuned') else ''} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 from cuda.bindings import driver
 
-from . import heuristics, kernels, launch, runtime
+from . import heuristics, kernels, launch, runtime, tuning
 from .config import KernelConfig
 from .heuristics import DeviceSpec
 from .operands import (GENERIC, HOST, LEGACY_STREAM, NUMPY_NAMES, TMA_ALIGN, UNRESOLVED, View, describe,
@@ -181,11 +181,25 @@ def _copy_in(view: View, major: int, argname: str, dev: int, stream: int) -> Vie
 # --------------------------------------------------------------------------------------------
 # kernel selection and launch
 # --------------------------------------------------------------------------------------------
-def _config_for(problem: Problem, spec: DeviceSpec, config: KernelConfig | None) -> KernelConfig:
+def _config_for(problem: Problem, dev: int, config: KernelConfig | None) -> KernelConfig:
+    """The config for `problem` on device `dev`: `config` (checked), else JITGEMM_CONFIG, else
+    the tuning file's entry (`jitgemm tune`), else the heuristics' choice."""
+    spec = device_spec(dev)
     if config is not None:
         return heuristics.require_valid(config, problem, spec, "config")
     from_env = heuristics.config_from_env(problem, spec)
-    return from_env if from_env is not None else heuristics.select(problem, spec)
+    if from_env is not None:
+        return from_env
+    # The device's name keys the tuning file: asked for only when the file has entries.
+    has_entries = tuning.enabled() and tuning.read_entries()
+    tuned = tuning.tuned_config(problem, spec, runtime.device_info(dev).name) if has_entries else None
+    return tuned if tuned is not None else heuristics.select(problem, spec)
+
+
+def config_for(problem: Problem, device: int = 0) -> KernelConfig:
+    """The config `gemm` runs for `problem` on GPU `device` when it is given none: from
+    JITGEMM_CONFIG, else the tuning file (`jitgemm tune`), else the heuristics."""
+    return _config_for(problem, device, None)
 
 
 def _kernel(cfg: KernelConfig, problem: Problem, dev: int, stream: int):
@@ -523,7 +537,7 @@ class _Decision:
         self.c_copy = self.has_c and not _output_ready(vc)
         self.problem = Problem(m, n, k, va.dtype, odt, "K" if self.a_major == 1 else "M",
                                "N" if self.b_major == 1 else "K", self.has_c)
-        self.cfg = _config_for(self.problem, device_spec(dev), config)
+        self.cfg = _config_for(self.problem, dev, config)
 
 
 def _describe_like(obj, argname: str, va: View, stream: int) -> View:

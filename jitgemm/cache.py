@@ -38,6 +38,7 @@ TMP_PREFIX, TRASH_PREFIX = ".tmp-", ".trash-"   # entries being written; corrupt
 LOCK_TIMEOUT_S = 600.0                          # a compile takes about a second; longer means a hung peer
 STALE_TMP_S = 3600.0                            # prune removes temporary directories older than this
 KEY_RE = re.compile(r"[0-9a-f]{64}")
+TUNING_NAMES = ("tuned.json", "tuned.json.lock")   # jitgemm.tuning's file: not a kernel entry, kept by clear
 ENV_ROOT, ENV_OFFLINE = "JITGEMM_CACHE_DIR", "JITGEMM_OFFLINE"
 
 
@@ -527,6 +528,8 @@ class KernelCache:
         for name in names:
             if KEY_RE.fullmatch(name):
                 removed += 1
+            elif name in TUNING_NAMES:
+                continue
             elif not (name in (LOCK_DIR, FAILED_DIR) or name.startswith((TMP_PREFIX, TRASH_PREFIX))):
                 unknown.append(name)   # not ours: a mistyped JITGEMM_CACHE_DIR must not wipe a home dir
                 continue

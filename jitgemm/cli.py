@@ -480,6 +480,74 @@ def explain(m, n, k, dtype, out_dtype, layout, arch, num_sms, as_json):
         click.echo(format_explanation(report))
 
 
+@main.command()
+@click.argument("shapes_file", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--m", "ms", type=INT_LIST, help="M sizes: 1,128,4096 and/or ranges start:stop:step (stop included).")
+@click.option("--n", "ns", type=INT_LIST, help="N sizes, as for --m.")
+@click.option("--k", "ks", type=INT_LIST, help="K sizes, as for --m.")
+@click.option("--dtype", type=click.Choice(INPUT_DTYPES), default="bf16", show_default=True, help="Input element type.")
+@click.option("--out-dtype", type=click.Choice(OUTPUT_DTYPES), default=None, help="Output element type [default: --dtype].")
+@click.option("--layout", type=click.Choice(sorted(LAYOUTS)), default="nt", show_default=True,
+              help="Operand majors, as for precompile.")
+@click.option("--top", type=click.IntRange(min=1, max=32), default=6, show_default=True,
+              help="Modelled candidates to time (each split-K one also unsplit).")
+@click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="GPU ordinal.")
+@click.option("--show", is_flag=True, help="List the tuning file's entries; time nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+def tune(shapes_file, ms, ns, ks, dtype, out_dtype, layout, top, device, show, as_json):
+    """Time the heuristics' best candidates for each shape on a local GPU and record the
+    fastest in the tuning file, which gemm then follows for those shapes (JITGEMM_TUNED=0
+    ignores it). Shapes as for precompile: --m/--n/--k and/or SHAPES_FILE."""
+    from . import tuning
+    if show:
+        entries = tuning.read_entries()
+        if as_json:
+            click.echo(json.dumps({"path": str(tuning.tuning_path()), "devices": entries}, indent=2))
+            return
+        for dev_key, records in sorted(entries.items()):
+            click.echo(dev_key)
+            for prob, rec in sorted(records.items()):
+                click.echo(f"  {prob}: {rec.get('name')} {rec.get('us')} us (heuristics: {rec.get('heuristics_choice')}, "
+                           f"{rec.get('times_us', {}).get(rec.get('heuristics_choice'), '?')} us; {rec.get('date')})")
+        click.echo(f"{sum(len(r) for r in entries.values())} entries in {tuning.tuning_path()}")
+        return
+    given = {"--m": ms, "--n": ns, "--k": ks}
+    if any(v is not None for v in given.values()) and not all(v is not None for v in given.values()):
+        raise click.UsageError(f"--m, --n and --k go together; missing {', '.join(n for n, v in given.items() if v is None)}")
+    specs = [ShapeSpec(m, n, k) for m in ms for n in ns for k in ks] if ms is not None else []
+    if shapes_file is not None:
+        try:
+            specs += read_shape_file(shapes_file)
+        except (OSError, ValueError) as exc:
+            raise click.UsageError(str(exc)) from None
+    if not specs:
+        raise click.UsageError("no shapes: give --m, --n and --k, or a SHAPES_FILE")
+    try:
+        problems = _resolve_specs(specs, dtype, out_dtype, layout)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if device >= runtime.device_count():
+        raise click.ClickException(f"--device {device}: tuning needs a local GPU; found {runtime.device_count()}")
+    results = []
+    for p in problems:
+        try:
+            r = tuning.tune(p, device=device, top=top)
+        except Exception as exc:
+            raise click.ClickException(f"tuning {p.describe()} failed: {type(exc).__name__}: {exc}") from None
+        first = r.chosen_by_heuristics
+        results.append({"problem": _problem_dict(p), "best": r.best.name, "best_us": round(r.times_us[r.best.name], 3),
+                        "heuristics_choice": first, "heuristics_us": round(r.times_us[first], 3),
+                        "times_us": {k: round(v, 3) for k, v in r.times_us.items()}})
+        if not as_json:
+            gain = r.times_us[first] / r.times_us[r.best.name]
+            click.echo(f"{p.describe()}: {r.best.name} {r.times_us[r.best.name]:.2f} us; the heuristics' "
+                       f"{first} {r.times_us[first]:.2f} us ({gain:.3f}x)")
+    if as_json:
+        click.echo(json.dumps({"path": str(tuning.tuning_path()), "results": results}, indent=2))
+    else:
+        click.echo(f"recorded in {tuning.tuning_path()}")
+
+
 def _config_label(config) -> str:
     if isinstance(config, dict):
         try:

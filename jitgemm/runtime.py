@@ -68,7 +68,8 @@ def device_info(ordinal: int) -> DeviceInfo:
     def get(a):
         return check(driver.cuDeviceGetAttribute(a, dev), f"cuDeviceGetAttribute({a.name})")
 
-    name = _text(check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName")).rstrip("\x00")
+    # The driver fills the whole buffer: the name ends at the first NUL.
+    name = _text(check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName")).split("\x00", 1)[0].strip()
     return DeviceInfo(
         ordinal=ordinal,
         name=name,

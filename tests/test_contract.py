@@ -67,6 +67,7 @@ class Opaque:
 
 @pytest.fixture(autouse=True)
 def cpu_only(monkeypatch):
+    monkeypatch.setenv("JITGEMM_TUNED", "0")     # a tuning file would ask the driver for the device name
     monkeypatch.setattr(operands, "pointer_device", lambda ptr: (ptr >> DEVICE_BITS) - 1)
     monkeypatch.setattr(api, "device_spec", lambda ordinal: DeviceSpec("sm_90a", 132))
     for name in ("_on_device", "_current_device", "stream_wait"):

@@ -1,0 +1,334 @@
+"""Autotuning: time the heuristics' best candidates for a problem on the local GPU and keep the
+fastest in a tuning file beside the kernel cache; `gemm` then runs that config for the problem.
+
+The heuristics rank configs with a cost model; where the model is wrong (BENCHMARKS.md lists
+the known misrankings) a measurement on the user's GPU is not. `tune` times the model's best
+`top` candidates (plus the unsplit variant of each split-K one) on fresh random inputs rotated
+so that they do not stay in L2, with CUDA-graph replays (the per-call cost of a stream of GEMMs,
+launch included), in interleaved passes, after checking each kernel's result. The winner is
+written to ``<cache root>/tuned.json`` under the device (name, arch, SM count) and the problem
+(shape, dtypes, layouts, C), together with every time measured.
+
+`gemm` consults the file for problems it has no explicit config for (`JITGEMM_CONFIG` still
+wins); ``JITGEMM_TUNED=0`` ignores it. An entry that no longer passes the config checks (a
+newer jitgemm) is ignored; a file that cannot be read is reported once and ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import statistics
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .cache import TUNING_NAMES
+from .config import KernelConfig
+from .heuristics import DeviceSpec, check_config, explain
+from .problem import DTYPE_BYTES, Problem
+
+ENV_TUNED = "JITGEMM_TUNED"
+TUNING_FILE = TUNING_NAMES[0]
+SCHEMA = 1
+L2_DEFEAT_BYTES = 512 << 20     # inputs rotated per graph: far more than the 50 MB L2
+MAX_COPIES = 64
+CALLS_PER_GRAPH = 20
+REPLAYS = 7                     # graph replays per candidate and pass (their median counts)
+PASSES = 3                      # interleaved passes over the candidates (the median counts)
+CHECK_ROWS, CHECK_COLS = 16, 64  # sampled output block checked against a float64 reference
+
+
+class TuningWarning(UserWarning):
+    """The tuning file could not be read or written (the heuristics decide instead)."""
+
+
+def device_key(name: str, spec: DeviceSpec) -> str:
+    return f"{name}|{spec.arch}|{spec.num_sms} SMs"
+
+
+def problem_key(p: Problem) -> str:
+    return (f"{p.m}x{p.n}x{p.k} {p.dtype}->{p.out_dtype} A {p.a_major}-major B {p.b_major}-major"
+            f"{' +C' if p.has_c else ''}")
+
+
+def tuning_path() -> Path:
+    from .kernels import default_cache
+    return default_cache().root / TUNING_FILE
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_TUNED, "1") != "0"
+
+
+# ----------------------------------------------------------------------------- the file
+
+_read_cache: dict = {}          # path -> (mtime_ns, size, entries)
+_warned: set = set()
+
+
+def _warn_once(token, message: str) -> None:
+    if token not in _warned:
+        _warned.add(token)
+        warnings.warn(message, TuningWarning, stacklevel=3)
+
+
+def read_entries(path: Path | None = None) -> dict:
+    """{device key: {problem key: record}} from the tuning file; {} when it is missing or
+    unreadable (reported once per file state)."""
+    path = path or tuning_path()
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {}
+    cached = _read_cache.get(path)
+    if cached is not None and cached[:2] == (st.st_mtime_ns, st.st_size):
+        return cached[2]
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("devices"), dict):
+            raise ValueError(f"not a schema-{SCHEMA} jitgemm tuning file")
+        entries = data["devices"]
+    except (OSError, ValueError) as exc:
+        _warn_once((str(path), st.st_mtime_ns), f"jitgemm: ignoring the tuning file {path}: {exc}")
+        entries = {}
+    _read_cache[path] = (st.st_mtime_ns, st.st_size, entries)
+    return entries
+
+
+def write_entry(device: str, problem: str, record: dict, path: Path | None = None) -> Path:
+    """Add or replace one record, under a file lock, by an atomic replace of the file (an
+    unreadable file is replaced)."""
+    import filelock
+    path = path or tuning_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(path) + ".lock", timeout=60):
+        _read_cache.pop(path, None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TuningWarning)
+            devices = read_entries(path)
+        devices = {d: dict(v) for d, v in devices.items() if isinstance(v, dict)}
+        devices.setdefault(device, {})[problem] = record
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"schema": SCHEMA, "devices": devices}, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    return path
+
+
+def tuned_config(problem: Problem, spec: DeviceSpec, device_name: str) -> KernelConfig | None:
+    """The tuned config for `problem` on this device, or None (no entry, tuning off, or an
+    entry that no longer passes the checks)."""
+    if not enabled():
+        return None
+    record = read_entries().get(device_key(device_name, spec), {}).get(problem_key(problem))
+    if not isinstance(record, dict):
+        return None
+    try:
+        cfg = KernelConfig.from_dict(record["config"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None if check_config(cfg, problem, spec) else cfg
+
+
+# ----------------------------------------------------------------------------- candidates
+
+
+def candidates(problem: Problem, spec: DeviceSpec, top: int) -> list[KernelConfig]:
+    """The heuristics' choice first, then the next best of `top` modelled candidates, each
+    split-K one followed by its unsplit variant (the model misranks splits most)."""
+    report = explain(problem, spec, top=top)
+    found = [KernelConfig.from_dict(report["chosen"])]
+    for c in report["candidates"]:
+        cfg = KernelConfig.from_dict(c["config"])
+        variants = [cfg]
+        if cfg.split_k > 1:
+            variants.append(dataclasses.replace(cfg, split_k=1))
+        for v in variants:
+            if v not in found and not check_config(v, problem, spec):
+                found.append(v)
+    return found
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+@dataclass
+class TuneResult:
+    problem: Problem
+    device: str
+    best: KernelConfig
+    times_us: dict          # config name -> per-call microseconds (median of the passes)
+    path: Path | None       # where the winner was recorded (None: not recorded)
+
+    @property
+    def chosen_by_heuristics(self) -> str:
+        return next(iter(self.times_us))
+
+
+class _Operand:
+    """A 2-D view (shape, element strides) of device memory, exposed through
+    ``__cuda_array_interface__`` so `gemm` takes it as any other device array."""
+
+    def __init__(self, memory, shape: tuple, strides: tuple, dtype: str):
+        from .operands import numpy_dtype
+        self.memory, self.shape, self.strides, self.dtype_name = memory, shape, strides, dtype
+        self.dtype = numpy_dtype(dtype)     # names bfloat16, which has no typestr of its own
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        item = self.dtype.itemsize
+        return {"shape": self.shape, "typestr": self.dtype.str, "descr": self.dtype.descr,
+                "data": (self.memory.ptr, False), "strides": tuple(s * item for s in self.strides),
+                "version": 3, "stream": None}
+
+
+def _device_operand(host: np.ndarray, major_inner: bool, dtype: str, stream: int) -> _Operand:
+    """`host` (rows x cols, float32) on the device in `dtype`, laid out row-major when
+    `major_inner`, else column-major (a transposed view), its leading dimension padded to
+    16 bytes so that TMA reads it in place (the tuner times kernels, not fallback copies)."""
+    from cuda.bindings import driver
+    from . import runtime
+    from .operands import DeviceMemory, numpy_dtype
+    dense = host if major_inner else host.T
+    pad = 16 // numpy_dtype(dtype).itemsize
+    stored = np.zeros((dense.shape[0], -(-dense.shape[1] // pad) * pad), numpy_dtype(dtype))
+    stored[:, :dense.shape[1]] = dense
+    memory = DeviceMemory(stored.nbytes, stream)
+    runtime.check(driver.cuMemcpyHtoDAsync(memory.ptr, stored.ctypes.data, stored.nbytes, driver.CUstream(stream)),
+                  "cuMemcpyHtoDAsync")
+    runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
+    lead = stored.shape[1]
+    return _Operand(memory, host.shape, (lead, 1) if major_inner else (1, lead), dtype)
+
+
+def _download_rows(out: _Operand, rows: np.ndarray, stream: int) -> np.ndarray:
+    """Rows `rows` of the row-major `out`, as float64."""
+    from cuda.bindings import driver
+    from . import runtime
+    n, lead = out.shape[1], out.strides[0]
+    host = np.empty((len(rows), n), out.dtype)
+    item = host.itemsize
+    for i, r in enumerate(rows):
+        runtime.check(driver.cuMemcpyDtoHAsync(host[i].ctypes.data, out.memory.ptr + int(r) * lead * item, n * item,
+                                               driver.CUstream(stream)), "cuMemcpyDtoHAsync")
+    runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
+    return host.astype(np.float64)
+
+
+def _graph_us(run_calls, stream: int) -> float:
+    """Median per-call microseconds of REPLAYS replays of a CUDA graph of `run_calls()` on `stream`."""
+    from cuda.bindings import driver
+    from . import runtime
+    s = driver.CUstream(stream)
+    runtime.check(driver.cuStreamBeginCapture(s, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                  "cuStreamBeginCapture")
+    try:
+        run_calls()
+    finally:
+        graph = runtime.check(driver.cuStreamEndCapture(s), "cuStreamEndCapture")
+    exe = runtime.check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    start = runtime.check(driver.cuEventCreate(0), "cuEventCreate")
+    end = runtime.check(driver.cuEventCreate(0), "cuEventCreate")
+    try:
+        runtime.check(driver.cuGraphLaunch(exe, s), "cuGraphLaunch")        # warm-up
+        times = []
+        for _ in range(REPLAYS):
+            runtime.check(driver.cuEventRecord(start, s), "cuEventRecord")
+            runtime.check(driver.cuGraphLaunch(exe, s), "cuGraphLaunch")
+            runtime.check(driver.cuEventRecord(end, s), "cuEventRecord")
+            runtime.check(driver.cuEventSynchronize(end), "cuEventSynchronize")
+            ms = runtime.check(driver.cuEventElapsedTime(start, end), "cuEventElapsedTime")
+            times.append(ms * 1e3 / CALLS_PER_GRAPH)
+        return statistics.median(times)
+    finally:
+        driver.cuEventDestroy(start)
+        driver.cuEventDestroy(end)
+        driver.cuGraphExecDestroy(exe)
+        driver.cuGraphDestroy(graph)
+
+
+_streams: dict = {}
+
+
+def _stream(device: int) -> int:
+    """This process's non-blocking tuning stream on `device` (kept: its memory is freed on it)."""
+    from cuda.bindings import driver
+    from . import runtime
+    if device not in _streams:
+        _streams[device] = int(runtime.check(driver.cuStreamCreate(1), "cuStreamCreate"))
+    return _streams[device]
+
+
+def tune(problem: Problem, device: int = 0, top: int = 6, record: bool = True, progress=None) -> TuneResult:
+    """Time the candidates for `problem` on GPU `device` and (with `record`) keep the fastest
+    in the tuning file. Every candidate's result is checked first (a sampled block of the
+    output against a float64 reference, on a NaN-filled output): a wrong result raises
+    RuntimeError. `progress(name, us)`, if given, is called after each timing."""
+    from cuda.bindings import driver
+    from . import runtime
+    from .api import device_spec, gemm
+    runtime.ensure_context(device)
+    spec = device_spec(device)
+    name = runtime.device_info(device).name
+    p = problem
+    cands = candidates(p, spec, top)
+    stream = _stream(device)
+    try:
+        rng = np.random.default_rng(0)
+        per_copy = (p.m * p.k + p.k * p.n) * DTYPE_BYTES[p.dtype] + p.m * p.n * DTYPE_BYTES[p.out_dtype] * (2 if p.has_c else 1)
+        free, _ = runtime.check(driver.cuMemGetInfo(), "cuMemGetInfo")
+        copies = max(2, min(MAX_COPIES, math.ceil(L2_DEFEAT_BYTES / per_copy), int(free // 4 // per_copy)))
+        a_host = rng.standard_normal((p.m, p.k), dtype=np.float32)
+        b_host = rng.standard_normal((p.k, p.n), dtype=np.float32)
+        c_host = rng.standard_normal((p.m, p.n), dtype=np.float32) if p.has_c else None
+        operands = []
+        for _ in range(copies):   # the same values in every copy: only their addresses rotate
+            a = _device_operand(a_host, p.a_major == "K", p.dtype, stream)
+            b = _device_operand(b_host, p.b_major == "N", p.dtype, stream)
+            c = _device_operand(c_host, True, p.out_dtype, stream) if p.has_c else None
+            out = _device_operand(np.full((p.m, p.n), np.nan, np.float32), True, p.out_dtype, stream)
+            operands.append((a, b, c, out))
+
+        rows = np.unique(np.linspace(0, p.m - 1, min(CHECK_ROWS, p.m)).astype(int))
+        cols = np.unique(np.linspace(0, p.n - 1, min(CHECK_COLS, p.n)).astype(int))
+        from .operands import numpy_dtype
+        as_stored = lambda x, dt: x.astype(numpy_dtype(dt)).astype(np.float64)   # noqa: E731
+        ref = as_stored(a_host[rows], p.dtype) @ as_stored(b_host[:, cols], p.dtype)
+        if p.has_c:
+            ref = ref + as_stored(c_host[np.ix_(rows, cols)], p.out_dtype)
+        tol = 1e-2 if p.out_dtype != "fp32" else 2e-3
+
+        def call(cfg, i):
+            a, b, c, out = operands[i % copies]
+            gemm(a, b, out, c=c, stream=stream, config=cfg)
+
+        for cfg in cands:
+            call(cfg, 0)
+            got = _download_rows(operands[0][3], rows, stream)[:, cols]
+            err = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
+            if not np.isfinite(got).all() or err > tol:
+                raise RuntimeError(f"jitgemm.tuning: config {cfg.name} computed a wrong result for "
+                                   f"{p.describe()} (relative error {err:.3g}); please report it")
+        passes: dict = {cfg.name: [] for cfg in cands}
+        for _ in range(PASSES):
+            for cfg in cands:
+                us = _graph_us(lambda: [call(cfg, i) for i in range(CALLS_PER_GRAPH)], stream)
+                passes[cfg.name].append(us)
+                if progress is not None:
+                    progress(cfg.name, us)
+    finally:
+        runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
+    times = {n: statistics.median(v) for n, v in passes.items()}
+    best = min(cands, key=lambda cfg: times[cfg.name])
+    path = None
+    if record:
+        path = write_entry(device_key(name, spec), problem_key(p), {
+            "config": best.to_dict(), "name": best.name, "us": round(times[best.name], 3),
+            "heuristics_choice": cands[0].name, "times_us": {n: round(t, 3) for n, t in times.items()},
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        })
+    return TuneResult(p, name, best, times, path)

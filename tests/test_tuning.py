@@ -1,0 +1,145 @@
+"""The tuning file and how gemm consults it (CPU only; tests/test_gpu_tuning.py times kernels)."""
+import json
+import types
+import warnings
+
+import pytest
+from click.testing import CliRunner
+
+from jitgemm import api, cli, tuning
+from jitgemm.cache import KernelCache
+from jitgemm.heuristics import DeviceSpec, check_config, common, select
+from jitgemm.problem import Problem
+
+H200 = DeviceSpec("sm_90a", 132)
+GPU = "NVIDIA H200"
+P = Problem(128, 576, 7168)
+
+
+def _other_config(problem):
+    """A valid config for `problem` that the heuristics do not choose."""
+    chosen = select(problem, H200)
+    cfg = common.with_fields(chosen, split_k=1 if chosen.split_k > 1 else 2)
+    assert not check_config(cfg, problem, H200) and cfg != chosen
+    return cfg
+
+
+def _record(cfg):
+    return {"config": cfg.to_dict(), "name": cfg.name, "us": 1.0}
+
+
+def test_keys_tell_problems_and_devices_apart():
+    keys = {tuning.problem_key(p) for p in [P, Problem(128, 576, 7168, "fp16", "fp16"), Problem(576, 128, 7168),
+                                            Problem(128, 576, 7168, a_major="M"), Problem(128, 576, 7168, has_c=True),
+                                            Problem(128, 576, 7168, out_dtype="fp32")]}
+    assert len(keys) == 6
+    assert tuning.device_key(GPU, H200) != tuning.device_key(GPU, DeviceSpec("sm_90a", 114))
+
+
+def test_entries_round_trip_and_merge(tmp_cache):
+    cfg = _other_config(P)
+    path = tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(cfg))
+    assert path == tmp_cache / "tuned.json"
+    q = Problem(64, 4096, 7168)
+    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(q), _record(select(q, H200)))
+    tuning.write_entry("other GPU|sm_90a|132 SMs", tuning.problem_key(P), _record(select(P, H200)))
+    devices = tuning.read_entries()
+    assert set(devices) == {tuning.device_key(GPU, H200), "other GPU|sm_90a|132 SMs"}
+    assert set(devices[tuning.device_key(GPU, H200)]) == {tuning.problem_key(P), tuning.problem_key(q)}
+    assert tuning.tuned_config(P, H200, GPU) == cfg
+    assert tuning.tuned_config(P, H200, "other GPU") == select(P, H200)
+    assert tuning.tuned_config(P, DeviceSpec("sm_90a", 114), GPU) is None      # another SM count
+    assert tuning.tuned_config(Problem(129, 576, 7168), H200, GPU) is None       # another shape
+
+
+def test_a_corrupt_file_is_reported_ignored_and_replaced(tmp_cache):
+    tmp_cache.mkdir(parents=True)
+    (tmp_cache / "tuned.json").write_text("{not json")
+    with pytest.warns(tuning.TuningWarning, match="ignoring the tuning file"):
+        assert tuning.read_entries() == {}
+    assert tuning.tuned_config(P, H200, GPU) is None
+    cfg = _other_config(P)
+    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(cfg))
+    assert json.loads((tmp_cache / "tuned.json").read_text())["schema"] == tuning.SCHEMA
+    assert tuning.tuned_config(P, H200, GPU) == cfg
+
+
+@pytest.mark.parametrize("record", [
+    {"config": {"block_m": 128, "no_such_field": 1}},                  # unknown field
+    {"config": {"block_m": 96}},                                        # invalid value
+    {"name": "no config"},
+    "not a record",
+])
+def test_bad_records_are_ignored(tmp_cache, record):
+    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), record)
+    assert tuning.tuned_config(P, H200, GPU) is None
+
+
+def test_a_record_that_no_longer_fits_the_problem_is_ignored(tmp_cache):
+    fp16 = select(Problem(128, 576, 7168, "fp16", "fp16"), H200)     # the wrong dtype for P
+    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(fp16))
+    assert tuning.tuned_config(P, H200, GPU) is None
+
+
+def test_gemm_follows_config_then_env_then_tuning_then_heuristics(tmp_cache, monkeypatch):
+    monkeypatch.setattr(api, "device_spec", lambda dev: H200)
+    monkeypatch.setattr(api.runtime, "device_info", lambda dev: types.SimpleNamespace(name=GPU))
+    monkeypatch.delenv("JITGEMM_CONFIG", raising=False)
+    assert api.config_for(P) == select(P, H200)
+    tuned = _other_config(P)
+    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(tuned))
+    assert api.config_for(P) == tuned
+    monkeypatch.setenv(tuning.ENV_TUNED, "0")
+    assert api.config_for(P) == select(P, H200)
+    monkeypatch.delenv(tuning.ENV_TUNED)
+    explicit = common.with_fields(tuned, num_stages=tuned.num_stages - 1)
+    assert api._config_for(P, 0, explicit) == explicit
+    monkeypatch.setenv("JITGEMM_CONFIG", json.dumps(explicit.to_dict()))
+    assert api.config_for(P) == explicit
+
+
+@pytest.mark.parametrize("shape", [(128, 576, 7168), (1, 7168, 2048), (4096, 4096, 4096), (100, 129, 77)])
+def test_candidates_start_with_the_heuristics_choice_and_are_all_valid(shape):
+    p = Problem(*shape)
+    found = tuning.candidates(p, H200, top=6)
+    assert found[0] == select(p, H200)
+    assert len(found) == len(set(found)) >= 2
+    assert all(not check_config(c, p, H200) for c in found)
+    for c in found:      # every split-K candidate comes with its unsplit variant
+        if c.split_k > 1:
+            assert common.with_fields(c, split_k=1) in found
+
+
+def _invoke(*args):
+    return CliRunner().invoke(cli.main, list(args))
+
+
+def test_cli_show_lists_the_entries(tmp_cache):
+    result = _invoke("tune", "--show")
+    assert result.exit_code == 0 and "0 entries" in result.output
+    cfg = _other_config(P)
+    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(cfg))
+    result = _invoke("tune", "--show")
+    assert result.exit_code == 0 and cfg.name in result.output and "1 entries" in result.output
+    shown = json.loads(_invoke("tune", "--show", "--json").output)
+    assert shown["devices"][tuning.device_key(GPU, H200)][tuning.problem_key(P)]["name"] == cfg.name
+
+
+def test_cli_tune_needs_shapes_and_a_gpu(tmp_cache, monkeypatch):
+    result = _invoke("tune")
+    assert result.exit_code == 2 and "no shapes" in result.output
+    result = _invoke("tune", "--m", "128")
+    assert result.exit_code == 2 and "--n, --k" in result.output
+    monkeypatch.setattr(cli.runtime, "device_count", lambda: 0)
+    result = _invoke("tune", "--m", "128", "--n", "576", "--k", "7168")
+    assert result.exit_code == 1 and "needs a local GPU" in result.output
+
+
+def test_cache_clear_keeps_the_tuning_file_and_does_not_call_it_foreign(tmp_cache):
+    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(select(P, H200)))
+    (tmp_cache / "stranger.txt").write_text("not ours")
+    removed, unknown = KernelCache(tmp_cache).clear()
+    assert unknown == ["stranger.txt"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tuning.tuned_config(P, H200, GPU) == select(P, H200)
