@@ -496,8 +496,9 @@ def explain(m, n, k, dtype, out_dtype, layout, arch, num_sms, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def tune(shapes_file, ms, ns, ks, dtype, out_dtype, layout, top, device, show, as_json):
     """Time the heuristics' best candidates for each shape on a local GPU and record the
-    fastest in the tuning file, which gemm then follows for those shapes (JITGEMM_TUNED=0
-    ignores it). Shapes as for precompile: --m/--n/--k and/or SHAPES_FILE."""
+    fastest (if it beats the heuristics' choice by 2% in every pass) in the tuning file,
+    which gemm then follows for those shapes (JITGEMM_TUNED=0 ignores it). Shapes as for
+    precompile: --m/--n/--k and/or SHAPES_FILE."""
     from . import tuning
     if show:
         entries = tuning.read_entries()

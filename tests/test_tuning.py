@@ -143,3 +143,15 @@ def test_cache_clear_keeps_the_tuning_file_and_does_not_call_it_foreign(tmp_cach
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert tuning.tuned_config(P, H200, GPU) == select(P, H200)
+
+
+@pytest.mark.parametrize("passes, expected", [
+    ({"h": [10.0, 10.0, 10.0], "x": [9.7, 9.7, 9.7]}, "x"),       # 3% faster in every pass
+    ({"h": [10.0, 10.0, 10.0], "x": [9.9, 9.9, 9.9]}, "h"),       # 1%: within the drift
+    ({"h": [10.0, 10.0, 10.0], "x": [9.0, 9.0, 9.95]}, "h"),      # one pass not clearly faster
+    ({"h": [10.0, 10.0, 10.0], "x": [9.5, 9.5, 9.5], "y": [9.0, 9.0, 9.0]}, "y"),
+    ({"h": [10.0, 9.0, 10.0], "x": [9.5, 9.5, 9.5]}, "h"),
+    ({"h": [9.0, 9.0, 9.0], "x": [9.5, 9.5, 9.5]}, "h"),          # the heuristics were right
+])
+def test_pick_keeps_the_heuristics_choice_unless_clearly_beaten(passes, expected):
+    assert tuning.pick(passes, "h") == expected
