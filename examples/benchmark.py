@@ -130,7 +130,8 @@ def bench_shape(m, n, k, dtype, check):
         "jitgemm_tflops": 2 * m * n * k / us_jit * 1e-6, "cublas_tflops": 2 * m * n * k / us_ref * 1e-6,
         "jitgemm_gbps": per_set / us_jit * 1e-3, "cublas_gbps": per_set / us_ref * 1e-3,
         "ratio": us_ref / us_jit, "config": cfg.name,
-        "tuned": cfg != heuristics.select(problem, api.device_spec(0)),
+        "tuned": cfg != heuristics.select(problem, api.device_spec(0))
+                 and cfg == tuning.tuned_config(problem, api.device_spec(0), runtime.device_info(0).name),
     }
 
 

@@ -391,7 +391,8 @@ def gemm(a, b, out=None, *, c=None, alpha=1.0, beta=1.0, out_dtype=None, stream=
     config : KernelConfig, optional (keyword-only)
         An expert override of the kernel configuration (see ``jitgemm explain``); it is checked
         against the problem and device and rejected with ValueError when it does not fit.
-        Without it, the ``JITGEMM_CONFIG`` environment variable, then the heuristics, decide.
+        Without it, the ``JITGEMM_CONFIG`` environment variable, then the tuning file
+        (``jitgemm tune``, see :mod:`jitgemm.tuning`), then the heuristics, decide.
 
     Returns
     -------

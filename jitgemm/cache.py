@@ -106,7 +106,7 @@ def check_root(root: Path) -> None:
         raise NotADirectoryError(errno.ENOTDIR, "cache root is not a directory", str(root))
 
 
-def _read_trusted(path: Path, what: str) -> bytes:
+def read_trusted(path: Path, what: str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -139,18 +139,18 @@ def read_entry(entry: Path, key: str, check_source: bool = False) -> tuple[dict,
     if not stat.S_ISDIR(st.st_mode):
         raise CorruptEntry("the entry is not a directory")
     try:
-        meta = json.loads(_read_trusted(entry / META_FILE, META_FILE))
+        meta = json.loads(read_trusted(entry / META_FILE, META_FILE))
     except ValueError:
         raise CorruptEntry(f"{META_FILE} is not valid JSON") from None
     if not isinstance(meta, dict) or meta.get("key") != key:
         raise CorruptEntry(f"{META_FILE} belongs to another key")
-    cubin = _read_trusted(entry / CUBIN_FILE, CUBIN_FILE)
+    cubin = read_trusted(entry / CUBIN_FILE, CUBIN_FILE)
     if len(cubin) != meta.get("cubin_bytes"):
         raise CorruptEntry(f"{CUBIN_FILE} has {len(cubin)} bytes, {META_FILE} says {meta.get('cubin_bytes')}")
     if hashlib.sha256(cubin).hexdigest() != meta.get("cubin_sha256"):
         raise CorruptEntry(f"{CUBIN_FILE} does not match the sha256 in {META_FILE}")
     if check_source:
-        source = _read_trusted(entry / SOURCE_FILE, SOURCE_FILE)
+        source = read_trusted(entry / SOURCE_FILE, SOURCE_FILE)
         try:
             derived = cache_key(source.decode(), tuple(meta["options"]), meta["arch"],
                                 meta["nvrtc_version"], meta["schema"])
@@ -291,7 +291,7 @@ class KernelCache:
         if found.status == "unsafe":
             return self._in_memory(key, compile_fn, found)
         try:
-            self._ensure_root()
+            self.ensure_root()
             lock = self._file_lock(key)
             lock.acquire()      # filelock.Timeout is an OSError too: a peer hung for LOCK_TIMEOUT_S
         except UnsafeError as exc:
@@ -312,7 +312,7 @@ class KernelCache:
         finally:
             lock.release()
 
-    def _ensure_root(self) -> None:
+    def ensure_root(self) -> None:
         try:
             check_root(self.root)
         except FileNotFoundError:
@@ -443,7 +443,7 @@ class KernelCache:
                 raise CorruptEntry("the entry is not a directory")
             with os.scandir(path) as files:
                 size = sum(f.stat(follow_symlinks=False).st_size for f in files)
-            meta = json.loads(_read_trusted(path / META_FILE, META_FILE))
+            meta = json.loads(read_trusted(path / META_FILE, META_FILE))
         except (UnsafeError, CorruptEntry, OSError) as exc:
             problem = str(exc)
         except ValueError:

@@ -508,8 +508,12 @@ def tune(shapes_file, ms, ns, ks, dtype, out_dtype, layout, top, device, show, a
         for dev_key, records in sorted(entries.items()):
             click.echo(dev_key)
             for prob, rec in sorted(records.items()):
-                click.echo(f"  {prob}: {rec.get('name')} {rec.get('us')} us (heuristics: {rec.get('heuristics_choice')}, "
-                           f"{rec.get('times_us', {}).get(rec.get('heuristics_choice'), '?')} us; {rec.get('date')})")
+                if not isinstance(rec, dict) or not isinstance(rec.get("times_us", {}), dict):
+                    click.echo(f"  {prob}: malformed record (ignored by gemm)")
+                    continue
+                first = rec.get("heuristics_choice")
+                click.echo(f"  {prob}: {rec.get('name')} {rec.get('us')} us (heuristics: {first}, "
+                           f"{rec.get('times_us', {}).get(first, '?')} us; {rec.get('date')})")
         click.echo(f"{sum(len(r) for r in entries.values())} entries in {tuning.tuning_path()}")
         return
     given = {"--m": ms, "--n": ns, "--k": ks}

@@ -68,8 +68,8 @@ class KernelConfig:
             out.append(f"multicast must be 'none', 'A' or 'B', got {self.multicast!r}")
         if self.cluster_size == 1 and self.multicast != "none":
             out.append("multicast needs cluster_size 2")
-        if self.group_size < 1:
-            out.append(f"group_size must be >= 1, got {self.group_size}")
+        if not 1 <= self.group_size <= 4096:
+            out.append(f"group_size must be in [1, 4096], got {self.group_size}")
         if not 1 <= self.split_k <= 32:
             out.append(f"split_k must be in [1, 32], got {self.split_k}")
         if self.a_rows and not (self.a_rows % 8 == 0 and 8 <= self.a_rows < self.block_m):

@@ -11,24 +11,28 @@ to ``<cache root>/tuned.json`` under the device (name, arch, SM count) and the p
 (shape, dtypes, layouts, C), together with every time measured.
 
 `gemm` consults the file for problems it has no explicit config for (`JITGEMM_CONFIG` still
-wins); ``JITGEMM_TUNED=0`` ignores it. An entry that no longer passes the config checks (a
-newer jitgemm) is ignored; a file that cannot be read is reported once and ignored.
+wins); ``JITGEMM_TUNED=0`` ignores it. An entry that is malformed or no longer passes the
+config checks (a newer jitgemm) is ignored; a file that cannot be read, or that the cache's
+trust rules refuse (a symlink, another owner, group- or world-writable), is reported once and
+ignored. Plans `gemm` has already built keep the config they were built with.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
 import statistics
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .cache import TUNING_NAMES
+from .cache import ENV_ROOT, TMP_PREFIX, TUNING_NAMES, KernelCache, check_root, read_trusted
 from .config import KernelConfig
 from .heuristics import DeviceSpec, check_config, explain
 from .problem import DTYPE_BYTES, Problem
@@ -36,9 +40,8 @@ from .problem import DTYPE_BYTES, Problem
 ENV_TUNED = "JITGEMM_TUNED"
 TUNING_FILE = TUNING_NAMES[0]
 SCHEMA = 1
-L2_DEFEAT_BYTES = 512 << 20     # inputs rotated per graph: far more than the 50 MB L2
-MAX_COPIES = 64
-CALLS_PER_GRAPH = 20
+L2_DEFEAT_BYTES = 512 << 20     # inputs rotated per graph: several times the L2
+CALLS_PER_GRAPH = 20            # calls per graph, each on the next copy of the inputs
 REPLAYS = 7                     # graph replays per candidate and pass (their median counts)
 PASSES = 3                      # interleaved passes over the candidates (the median counts)
 # A candidate replaces the heuristics' choice only when it is at least this much faster in
@@ -63,8 +66,14 @@ def problem_key(p: Problem) -> str:
 
 
 def tuning_path() -> Path:
-    from .kernels import default_cache
-    return default_cache().root / TUNING_FILE
+    return _path_for(os.environ.get(ENV_ROOT, ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _path_for(root_setting: str) -> Path:
+    """The file under the cache root `JITGEMM_CACHE_DIR` = `root_setting` gives (memoised: a
+    gemm call that builds a plan looks the file up, and resolving the root is not free)."""
+    return KernelCache().root / TUNING_FILE
 
 
 def enabled() -> bool:
@@ -73,7 +82,7 @@ def enabled() -> bool:
 
 # ----------------------------------------------------------------------------- the file
 
-_read_cache: dict = {}          # path -> (mtime_ns, size, entries)
+_read_cache: dict = {}          # path -> (file state, entries)
 _warned: set = set()
 
 
@@ -84,44 +93,51 @@ def _warn_once(token, message: str) -> None:
 
 
 def read_entries(path: Path | None = None) -> dict:
-    """{device key: {problem key: record}} from the tuning file; {} when it is missing or
-    unreadable (reported once per file state)."""
+    """{device key: {problem key: record}} from the tuning file (device entries that are not
+    mappings dropped); {} when it is missing, unreadable or refused by the trust rules
+    (reported once per file state)."""
     path = path or tuning_path()
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except OSError:
         return {}
+    state = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)   # ctime: chmod and chown too
     cached = _read_cache.get(path)
-    if cached is not None and cached[:2] == (st.st_mtime_ns, st.st_size):
-        return cached[2]
+    if cached is not None and cached[0] == state:
+        return cached[1]
     try:
-        data = json.loads(path.read_text())
+        check_root(path.parent)
+        data = json.loads(read_trusted(path, TUNING_FILE))
         if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("devices"), dict):
             raise ValueError(f"not a schema-{SCHEMA} jitgemm tuning file")
-        entries = data["devices"]
-    except (OSError, ValueError) as exc:
-        _warn_once((str(path), st.st_mtime_ns), f"jitgemm: ignoring the tuning file {path}: {exc}")
+        entries = {d: v for d, v in data["devices"].items() if isinstance(v, dict)}
+    except Exception as exc:   # any malformed file (deep nesting too): the heuristics decide
+        _warn_once((str(path),) + state, f"jitgemm: ignoring the tuning file {path}: {exc}")
         entries = {}
-    _read_cache[path] = (st.st_mtime_ns, st.st_size, entries)
+    _read_cache[path] = (state, entries)
     return entries
 
 
 def write_entry(device: str, problem: str, record: dict, path: Path | None = None) -> Path:
     """Add or replace one record, under a file lock, by an atomic replace of the file (an
-    unreadable file is replaced)."""
+    unreadable file is replaced). The root must pass the cache's trust checks (UnsafeError)."""
     import filelock
     path = path or tuning_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(path) + ".lock", timeout=60):
+    KernelCache(path.parent).ensure_root()
+    with filelock.FileLock(str(path.parent / TUNING_NAMES[1]), timeout=60, mode=0o600):
         _read_cache.pop(path, None)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TuningWarning)
-            devices = read_entries(path)
-        devices = {d: dict(v) for d, v in devices.items() if isinstance(v, dict)}
+            devices = {d: dict(v) for d, v in read_entries(path).items()}
         devices.setdefault(device, {})[problem] = record
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"schema": SCHEMA, "devices": devices}, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)   # mode 0600, never a planted link
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"schema": SCHEMA, "devices": devices}, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
     return path
 
 
@@ -131,13 +147,23 @@ def tuned_config(problem: Problem, spec: DeviceSpec, device_name: str) -> Kernel
     if not enabled():
         return None
     record = read_entries().get(device_key(device_name, spec), {}).get(problem_key(problem))
-    if not isinstance(record, dict):
+    fields = record.get("config") if isinstance(record, dict) else None
+    if not isinstance(fields, dict) or not all(_field_ok(k, v) for k, v in fields.items()):
         return None
     try:
-        cfg = KernelConfig.from_dict(record["config"])
-    except (KeyError, TypeError, ValueError):
+        cfg = KernelConfig.from_dict(fields)
+    except (TypeError, ValueError):
         return None
     return None if check_config(cfg, problem, spec) else cfg
+
+
+_FIELD_TYPES = {f.name: type(f.default) for f in dataclasses.fields(KernelConfig)}
+
+
+def _field_ok(name, value) -> bool:
+    """A config field of the exact type (an int, not a bool or a float; a str; a bool)."""
+    want = _FIELD_TYPES.get(name)
+    return want is not None and type(value) is want
 
 
 # ----------------------------------------------------------------------------- candidates
@@ -196,8 +222,9 @@ class _Operand:
 
 def _device_operand(host: np.ndarray, major_inner: bool, dtype: str, stream: int) -> _Operand:
     """`host` (rows x cols, float32) on the device in `dtype`, laid out row-major when
-    `major_inner`, else column-major (a transposed view), its leading dimension padded to
-    16 bytes so that TMA reads it in place (the tuner times kernels, not fallback copies)."""
+    `major_inner`, else column-major (a transposed view), its leading dimension padded to 16
+    bytes. A logical row that is not whole 16-byte units is still copied by `gemm` before the
+    kernel, as in the user's own calls (FallbackCopyWarning): the tuner times that call."""
     from cuda.bindings import driver
     from . import runtime
     from .operands import DeviceMemory, numpy_dtype
@@ -236,12 +263,17 @@ def _graph_us(run_calls, stream: int) -> float:
                   "cuStreamBeginCapture")
     try:
         run_calls()
-    finally:
-        graph = runtime.check(driver.cuStreamEndCapture(s), "cuStreamEndCapture")
-    exe = runtime.check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-    start = runtime.check(driver.cuEventCreate(0), "cuEventCreate")
-    end = runtime.check(driver.cuEventCreate(0), "cuEventCreate")
+    except BaseException:
+        err, graph = driver.cuStreamEndCapture(s)     # end the capture; the calls' error wins
+        if err == driver.CUresult.CUDA_SUCCESS and graph is not None:
+            driver.cuGraphDestroy(graph)
+        raise
+    graph = runtime.check(driver.cuStreamEndCapture(s), "cuStreamEndCapture")
+    exe = start = end = None
     try:
+        exe = runtime.check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        start = runtime.check(driver.cuEventCreate(0), "cuEventCreate")
+        end = runtime.check(driver.cuEventCreate(0), "cuEventCreate")
         runtime.check(driver.cuGraphLaunch(exe, s), "cuGraphLaunch")        # warm-up
         times = []
         for _ in range(REPLAYS):
@@ -253,9 +285,11 @@ def _graph_us(run_calls, stream: int) -> float:
             times.append(ms * 1e3 / CALLS_PER_GRAPH)
         return statistics.median(times)
     finally:
-        driver.cuEventDestroy(start)
-        driver.cuEventDestroy(end)
-        driver.cuGraphExecDestroy(exe)
+        for event in (start, end):
+            if event is not None:
+                driver.cuEventDestroy(event)
+        if exe is not None:
+            driver.cuGraphExecDestroy(exe)
         driver.cuGraphDestroy(graph)
 
 
@@ -297,7 +331,7 @@ def tune(problem: Problem, device: int = 0, top: int = 6, record: bool = True, p
         rng = np.random.default_rng(0)
         per_copy = (p.m * p.k + p.k * p.n) * DTYPE_BYTES[p.dtype] + p.m * p.n * DTYPE_BYTES[p.out_dtype] * (2 if p.has_c else 1)
         free, _ = runtime.check(driver.cuMemGetInfo(), "cuMemGetInfo")
-        copies = max(2, min(MAX_COPIES, math.ceil(L2_DEFEAT_BYTES / per_copy), int(free // 4 // per_copy)))
+        copies = max(2, min(CALLS_PER_GRAPH, math.ceil(L2_DEFEAT_BYTES / per_copy), int(free // 4 // per_copy)))
         a_host = rng.standard_normal((p.m, p.k), dtype=np.float32)
         b_host = rng.standard_normal((p.k, p.n), dtype=np.float32)
         c_host = rng.standard_normal((p.m, p.n), dtype=np.float32) if p.has_c else None
@@ -322,9 +356,15 @@ def tune(problem: Problem, device: int = 0, top: int = 6, record: bool = True, p
             a, b, c, out = operands[i % copies]
             gemm(a, b, out, c=c, stream=stream, config=cfg)
 
+        out0 = operands[0][3]
         for cfg in cands:
+            # NaN (all ones) again before each candidate: a kernel that skips part of the output
+            # must not pass on what the previous one wrote.
+            nbytes = out0.memory.nbytes
+            runtime.check(driver.cuMemsetD8Async(out0.memory.ptr, 0xFF, nbytes, driver.CUstream(stream)),
+                          "cuMemsetD8Async")
             call(cfg, 0)
-            got = _download_rows(operands[0][3], rows, stream)[:, cols]
+            got = _download_rows(out0, rows, stream)[:, cols]
             err = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
             if not np.isfinite(got).all() or err > tol:
                 raise RuntimeError(f"jitgemm.tuning: config {cfg.name} computed a wrong result for "
@@ -337,7 +377,7 @@ def tune(problem: Problem, device: int = 0, top: int = 6, record: bool = True, p
                 if progress is not None:
                     progress(cfg.name, us)
     finally:
-        runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
+        driver.cuStreamSynchronize(driver.CUstream(stream))   # before the inputs are freed; an error here must not hide one above
     times = {n: statistics.median(v) for n, v in passes.items()}
     best = next(cfg for cfg in cands if cfg.name == pick(passes, cands[0].name))
     path = None

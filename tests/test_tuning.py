@@ -155,3 +155,56 @@ def test_cache_clear_keeps_the_tuning_file_and_does_not_call_it_foreign(tmp_cach
 ])
 def test_pick_keeps_the_heuristics_choice_unless_clearly_beaten(passes, expected):
     assert tuning.pick(passes, "h") == expected
+
+
+@pytest.mark.parametrize("fields", [
+    {"block_n": 64.0},                      # a float where an int belongs
+    {"split_k": True},                      # a bool where an int belongs
+    {"num_stages": float("nan")},
+    {"group_size": 10 ** 30},               # out of range for the kernel's int
+    {"swap_ab": 1},                         # an int where a bool belongs
+])
+def test_records_with_wrongly_typed_fields_are_ignored(tmp_cache, fields):
+    cfg = dict(select(P, H200).to_dict(), **fields)
+    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), {"config": cfg})
+    assert tuning.tuned_config(P, H200, GPU) is None
+
+
+def test_malformed_files_never_raise(tmp_cache):
+    tmp_cache.mkdir(parents=True, mode=0o700)
+    path = tmp_cache / "tuned.json"
+    for text in ["[" * 100000, json.dumps({"schema": tuning.SCHEMA, "devices": {tuning.device_key(GPU, H200): []}}),
+                 json.dumps({"schema": tuning.SCHEMA + 1, "devices": {}}), "null"]:
+        path.write_text(text)
+        path.chmod(0o600)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tuning.TuningWarning)
+            assert tuning.tuned_config(P, H200, GPU) is None
+            assert _invoke("tune", "--show").exit_code == 0
+
+
+def test_untrusted_files_are_refused(tmp_cache):
+    from jitgemm.cache import UnsafeError
+    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(_other_config(P)))
+    path = tmp_cache / "tuned.json"
+    path.chmod(0o666)                                        # writable by others
+    with pytest.warns(tuning.TuningWarning, match="writable by group or others"):
+        assert tuning.tuned_config(P, H200, GPU) is None
+    path.chmod(0o600)
+    assert tuning.tuned_config(P, H200, GPU) is not None
+    real = tmp_cache / "elsewhere.json"
+    path.rename(real)
+    path.symlink_to(real)                                    # a planted link is not followed
+    with pytest.warns(tuning.TuningWarning, match="symlink"):
+        assert tuning.tuned_config(P, H200, GPU) is None
+    path.unlink()
+    tmp_cache.chmod(0o777)                                   # an untrusted root is neither read nor written
+    with pytest.raises(UnsafeError):
+        tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(select(P, H200)))
+    tmp_cache.chmod(0o700)
+
+
+def test_cli_show_survives_bad_records(tmp_cache):
+    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), "not a record")
+    result = _invoke("tune", "--show")
+    assert result.exit_code == 0 and "malformed record" in result.output
