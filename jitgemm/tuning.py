@@ -3,9 +3,10 @@ fastest in a tuning file beside the kernel cache; `gemm` then runs that config f
 
 The heuristics rank configs with a cost model; where the model is wrong (BENCHMARKS.md lists
 the known misrankings) a measurement on the user's GPU is not. `tune` times the model's best
-`top` candidates (plus the unsplit variant of each split-K one) on fresh random inputs rotated
-so that they do not stay in L2, with CUDA-graph replays (the per-call cost of a stream of GEMMs,
-launch included), in interleaved passes, after checking each kernel's result. The fastest replaces
+`top` candidates (plus the unsplit variant of each split-K one) on fresh random inputs, each
+call of a graph on the next of up to 20 copies (up to 512 MB of them, so that large operands do
+not stay in L2), with CUDA-graph replays (the per-call cost of a stream of GEMMs, launch
+included), in interleaved passes, after checking each kernel's result. The fastest replaces
 the heuristics' choice if it is at least MIN_GAIN faster in every pass; the choice is written
 to ``<cache root>/tuned.json`` under the device (name, arch, SM count) and the problem
 (shape, dtypes, layouts, C), together with every time measured.
