@@ -193,9 +193,8 @@ def candidates(problem: Problem, spec: DeviceSpec, top: int) -> list[KernelConfi
 class TuneResult:
     problem: Problem
     device: str
-    best: KernelConfig
+    best: KernelConfig      # the heuristics' choice unless another candidate beat it (`pick`)
     times_us: dict          # config name -> per-call microseconds (median of the passes)
-    # `best` is the heuristics' choice unless another candidate beat it by MIN_GAIN in every pass
     passes_us: dict         # config name -> per-call microseconds of each pass
     path: Path | None       # where the choice was recorded (None: not recorded)
 
@@ -315,8 +314,8 @@ def _stream(device: int) -> int:
 
 
 def tune(problem: Problem, device: int = 0, top: int = 6, record: bool = True, progress=None) -> TuneResult:
-    """Time the candidates for `problem` on GPU `device` and (with `record`) keep the fastest
-    in the tuning file. Every candidate's result is checked first (a sampled block of the
+    """Time the candidates for `problem` on GPU `device` and (with `record`) keep the one
+    `pick` chooses in the tuning file. Every candidate's result is checked first (a sampled block of the
     output against a float64 reference, on a NaN-filled output): a wrong result raises
     RuntimeError. `progress(name, us)`, if given, is called after each timing."""
     from cuda.bindings import driver
