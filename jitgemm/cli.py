@@ -285,6 +285,28 @@ def _resolve_specs(specs: list[ShapeSpec], dtype: str, out_dtype: str | None, la
 
 # ---- precompile ----
 
+def _shape_problems(shapes_file, ms, ns, ks, dtype, out_dtype, layout, other_sources: str | None) -> list[Problem]:
+    """The problems of --m/--n/--k (every combination) and SHAPES_FILE; UsageError for a bad
+    file or flag, and for no shapes at all unless `other_sources` is None (the command has
+    other work, e.g. precompile's --config); `other_sources` ends the "give ..." hint."""
+    given = {"--m": ms, "--n": ns, "--k": ks}
+    if any(v is not None for v in given.values()) and not all(v is not None for v in given.values()):
+        missing = [name for name, v in given.items() if v is None]
+        raise click.UsageError(f"--m, --n and --k go together; missing {', '.join(missing)}")
+    specs = [ShapeSpec(m, n, k) for m in ms for n in ns for k in ks] if ms is not None else []
+    if shapes_file is not None:
+        try:
+            specs += read_shape_file(shapes_file)
+        except (OSError, ValueError) as exc:
+            raise click.UsageError(str(exc)) from None
+    if not specs and other_sources is not None:
+        raise click.UsageError(f"no shapes: give --m, --n and --k, {other_sources}")
+    try:
+        return _resolve_specs(specs, dtype, out_dtype, layout)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 def _build_one(config: KernelConfig) -> dict:
     start = time.perf_counter()
     try:
@@ -331,22 +353,8 @@ def precompile(shapes_file, ms, ns, ks, dtype, out_dtype, layout, arch, num_sms,
     a CSV with an m,n,k header, or a JSON list; file entries may set their own dtype, out_dtype
     and layout. A second run of the same set compiles nothing.
     """
-    given = {"--m": ms, "--n": ns, "--k": ks}
-    if any(v is not None for v in given.values()) and not all(v is not None for v in given.values()):
-        missing = [name for name, v in given.items() if v is None]
-        raise click.UsageError(f"--m, --n and --k go together; missing {', '.join(missing)}")
-    specs = [ShapeSpec(m, n, k) for m in ms for n in ns for k in ks] if ms is not None else []
-    if shapes_file is not None:
-        try:
-            specs += read_shape_file(shapes_file)
-        except (OSError, ValueError) as exc:
-            raise click.UsageError(str(exc)) from None
-    if not specs and not configs:
-        raise click.UsageError("no shapes: give --m, --n and --k, a SHAPES_FILE, or --config")
-    try:
-        problems = _resolve_specs(specs, dtype, out_dtype, layout)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    problems = _shape_problems(shapes_file, ms, ns, ks, dtype, out_dtype, layout,
+                               "a SHAPES_FILE, or --config" if not configs else None)
     exact = []
     for text in configs:
         try:
@@ -516,21 +524,7 @@ def tune(shapes_file, ms, ns, ks, dtype, out_dtype, layout, top, device, show, a
                            f"{rec.get('times_us', {}).get(first, '?')} us; {rec.get('date')})")
         click.echo(f"{sum(len(r) for r in entries.values())} entries in {tuning.tuning_path()}")
         return
-    given = {"--m": ms, "--n": ns, "--k": ks}
-    if any(v is not None for v in given.values()) and not all(v is not None for v in given.values()):
-        raise click.UsageError(f"--m, --n and --k go together; missing {', '.join(n for n, v in given.items() if v is None)}")
-    specs = [ShapeSpec(m, n, k) for m in ms for n in ns for k in ks] if ms is not None else []
-    if shapes_file is not None:
-        try:
-            specs += read_shape_file(shapes_file)
-        except (OSError, ValueError) as exc:
-            raise click.UsageError(str(exc)) from None
-    if not specs:
-        raise click.UsageError("no shapes: give --m, --n and --k, or a SHAPES_FILE")
-    try:
-        problems = _resolve_specs(specs, dtype, out_dtype, layout)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    problems = _shape_problems(shapes_file, ms, ns, ks, dtype, out_dtype, layout, "or a SHAPES_FILE")
     if device >= runtime.device_count():
         raise click.ClickException(f"--device {device}: tuning needs a local GPU; found {runtime.device_count()}")
     results = []
