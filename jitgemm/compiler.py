@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from cuda.bindings import nvrtc
 
 # -lineinfo keeps source correlation for profilers at no runtime cost. ptxas warnings that
-# mean a silently slow kernel (C7508 setmaxnreg ignored, C7510/C7511/C7515 wgmma serialised)
+# mean a silently slow kernel (C7508 setmaxnreg ignored, C7510/C7511/C7512/C7515 wgmma serialised)
 # are promoted to errors by checking the log below.
 BASE_OPTIONS = ("--std=c++17", "-lineinfo", "--use_fast_math")
-SLOW_KERNEL_WARNINGS = ("C7508", "C7510", "C7511", "C7515")
+SLOW_KERNEL_WARNINGS = ("C7508", "C7510", "C7511", "C7512", "C7515")
 
 
 class CompileError(RuntimeError):
