@@ -84,7 +84,11 @@ C_LOAD_LATENCY_CLK = 1000      # has_c: the C tile is loaded after the main loop
 L2_ROUND_TRIP_CLK = 1200       # a strong global load/atomic to L2 and back, under load (fitted
                                # with the split-K reducer: 128x4096x7168 m64n128 B pairs split 2
                                # 20.6 us against m128n128 split 4 23.7)
-SPLITK_SYNC_ROUND_TRIPS = 2    # the other splits' store fence, then split 0's load of the count
+SPLITK_SYNC_ROUND_TRIPS = 2    # the other splits' store fence, then split 0's load of the count.
+                               # Split 0 leads by layout.REDUCER_LEAD_KBLOCKS K blocks, which
+                               # hides most of the first (0.2-0.6 us measured); not modelled: with
+                               # one round trip the model prefers 1x4096x7168 split 2, measured
+                               # 18.2 us against 16.7 unsplit
 PARTIAL_BYTES = 4              # fp32 partial sums
 # Split-K's extra per launch, beyond the fix-up terms: ~0.9 us measured against unsplit
 # launches (with PDL and the split-0 reducer): 1x4096x7168 m64n64 split 2 ran 18.6 us against

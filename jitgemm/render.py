@@ -7,7 +7,7 @@ from importlib import resources
 import jinja2
 
 from .config import KernelConfig
-from .layout import KernelLayout, kernel_multicast, layout_of, read_batch
+from .layout import REDUCER_LEAD_KBLOCKS, KernelLayout, kernel_multicast, layout_of, read_batch
 from .problem import DTYPE_BYTES
 
 TEMPLATES = {"sm_90a": "sm90_gemm.cu.j2", "sm_100a": "sm100_gemm.cu.j2"}
@@ -95,6 +95,7 @@ def render_sm90(cfg: KernelConfig, lay: KernelLayout) -> str:
         "pack": {"bf16": "pack_bf16x2", "fp16": "pack_f16x2", "fp32": ""}[cfg.out_dtype],
         "to_f32": {"bf16": "bf16_to_f32", "fp16": "f16_to_f32", "fp32": ""}[cfg.out_dtype],
         "read_batch": read_batch(lay),
+        "reducer_lead": REDUCER_LEAD_KBLOCKS,
         "operands": [_operand_vars("A", lay.a, cfg.a_major == "K", cfg.swap_ab),
                      _operand_vars("B", lay.b, cfg.b_major == "K", cfg.swap_ab)] +
                     ([_operand_vars("B", lay.b, False, cfg.swap_ab, tail=True)] if lay.b.tail else []),

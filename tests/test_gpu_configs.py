@@ -41,6 +41,10 @@ CASES = [
     ("splitk3_uneven_k", dict(block_n=128, num_stages=5, split_k=3), (300, 520, 7 * 64 + 1)),
     ("splitk_more_than_kblocks", dict(block_n=128, num_stages=4, split_k=8), (128, 256, 200)),
     ("splitk_cluster", dict(block_n=128, num_stages=4, cluster_size=2, multicast="B", split_k=2), (3 * 128, 384, 2048)),
+    # split 0 (the reducer) leads by REDUCER_LEAD_KBLOCKS K blocks: the whole lead (25 + 17 K
+    # blocks), and a lead capped at half a split with uneven shares of the rest
+    ("splitk2_reducer_lead", dict(block_m=64, num_consumers=1, block_n=128, num_stages=8, split_k=2), (128, 520, 64 * 41 + 17)),
+    ("splitk6_capped_lead", dict(block_m=64, num_consumers=1, block_n=64, num_stages=13, split_k=6), (100, 300, 64 * 60 + 3)),
     # decode: only the rows of A that exist are loaded; the rest of the tile is never written
     ("a_rows8", dict(block_m=64, num_consumers=1, block_n=64, num_stages=13, a_rows=8), (3, 700, 2000)),
     ("a_rows16_splitk", dict(block_m=64, num_consumers=1, block_n=64, num_stages=13, a_rows=16, split_k=3), (13, 1000, 3000)),
