@@ -4,7 +4,7 @@ Candidates: block_m in {64, 128, 256} (256 only with a 16-bit output), block_n i
 16, block_k = 128 bytes of K, and a cluster of 1, or 2 CTAs sharing the A tile (same m block,
 neighbouring n blocks) or the B tile (same n block, neighbouring m blocks); each with split_k in
 SPLITS (the K range of a tile shared by up to that many CTAs, kept to >= MIN_KB_PER_SPLIT K
-blocks a split and to one wave of work units: split 0 of a tile waits for the others). The math
+blocks a split and to one wave of work units, where splitting pays). The math
 warpgroup count follows block_m (1 for 64, 2 above) and the pipeline gets as many stages as fit
 shared memory beside the epilogue's staging (capped at MAX_STAGES; `stage_smem`). In a "shared
 wave" (`shared_wave`: one wave of 128-row tiles over >= 16 m blocks) pairs sharing A are
@@ -167,23 +167,17 @@ def _layout_rejection(problem: Problem, device: DeviceSpec, block_m: int, block_
 
 
 def split_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
-    """Why `cfg`'s split-K cannot run `problem` on `device`, in words: split 0 of a tile waits
-    for the tile's other splits, so every work unit must be resident at once (one wave), and it
-    holds a split's partials in registers besides its accumulators."""
+    """Why `cfg`'s split-K cannot run `problem`, in words: the split that reduces a tile holds a
+    batch of partials in registers besides its accumulators. (Any number of work units can run:
+    no split waits for one that has not started; the heuristics keep split-K to one wave, see
+    `split_choices`, because that is where it pays.)"""
     if cfg.split_k == 1:
         return []
-    out = []
-    units = cluster_tiles_of(problem, cfg.block_m, cfg.block_n, cfg.multicast) * splits_used(cfg, problem.k)
-    slots = device.num_sms // cfg.cluster_size
-    if units > slots:
-        out.append(f"split_k={cfg.split_k}: {units} work units (cluster tiles x splits) do not fit one wave of "
-                   f"{slots} {'CTA pairs' if cfg.cluster_size > 1 else 'CTAs'}; split 0 of a tile waits for "
-                   f"the other splits, so all must be resident (use fewer splits or larger tiles)")
     regs = _acc_regs_of(cfg)
     if regs > SPLITK_ACC_REG_LIMIT:
-        out.append(f"split_k={cfg.split_k} with {regs} accumulators per math thread: the split-K reducer "
-                   f"needs <= {SPLITK_ACC_REG_LIMIT} (it holds a split of partials in registers too)")
-    return out
+        return [f"split_k={cfg.split_k} with {regs} accumulators per math thread: the split-K reducer "
+                f"needs <= {SPLITK_ACC_REG_LIMIT} (it holds a split of partials in registers too)"]
+    return []
 
 
 SHARED_WAVE_M_BLOCKS = 16

@@ -49,9 +49,11 @@ class _Workspace:
     """Split-K scratch of one (device, stream) outside graph capture: fp32 partial tiles, then
     int tile counters.
 
-    The counters start at zero and every launch leaves them at zero (split 0 of a tile
-    resets its counter), so launches that never overlap in time reuse the buffer without a
+    The counters start at zero and every launch leaves them at zero (the split that reduces a
+    tile resets its counter), so launches that never overlap in time reuse the buffer without a
     memset: those of one stream here, those of one stream of one graph in _GraphWorkspaces.
+    Threads sharing a stream share its workspace: `lock` is held from `ensure` until the launch
+    is queued, so a thread growing the buffer never frees one another is about to launch on.
     """
 
     def __init__(self):
@@ -61,23 +63,22 @@ class _Workspace:
         self.lock = threading.Lock()
 
     def ensure(self, partial_bytes: int, counter_bytes: int, stream: int) -> tuple:
-        """(partials, counters) pointers of at least these sizes; grows for eager launches."""
-        with self.lock:
-            if partial_bytes > self.partial_bytes or counter_bytes > self.counter_bytes:
-                if self.ptr:   # earlier launches on this stream may still use the old buffer
-                    runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
-                    runtime.check(driver.cuMemFree(self.ptr), "cuMemFree")
-                    self.ptr = 0
-                self._allocate(max(partial_bytes, self.partial_bytes * 3 // 2),
-                               max(counter_bytes, self.counter_bytes * 3 // 2), stream)
-            return self.ptr, self.ptr + self.partial_bytes
-
-    def _allocate(self, partial_bytes: int, counter_bytes: int, stream: int) -> None:
-        partial_bytes, counter_bytes = _round(partial_bytes), _round(counter_bytes)
-        self.ptr = int(runtime.check(driver.cuMemAlloc(partial_bytes + counter_bytes), "cuMemAlloc(split-K workspace)"))
-        runtime.check(driver.cuMemsetD32Async(self.ptr + partial_bytes, 0, counter_bytes // 4,
-                                              driver.CUstream(stream)), "cuMemsetD32Async")
-        self.partial_bytes, self.counter_bytes = partial_bytes, counter_bytes
+        """(partials, counters) pointers of at least these sizes; grows for eager launches.
+        The caller holds `lock` until its launch is queued. Allocation and free are ordered on
+        the stream (a plain cuMemAlloc would wait for the whole device: a kernel of another
+        stream that waits for this one would then never see it launched)."""
+        if partial_bytes > self.partial_bytes or counter_bytes > self.counter_bytes:
+            cu_stream = driver.CUstream(stream)
+            if self.ptr:   # freed once the earlier launches on this stream are done with it
+                runtime.check(driver.cuMemFreeAsync(self.ptr, cu_stream), "cuMemFreeAsync")
+            partial_bytes = _round(max(partial_bytes, self.partial_bytes * 3 // 2))
+            counter_bytes = _round(max(counter_bytes, self.counter_bytes * 3 // 2))
+            self.ptr = int(runtime.check(driver.cuMemAllocAsync(partial_bytes + counter_bytes, cu_stream),
+                                         "cuMemAllocAsync(split-K workspace)"))
+            runtime.check(driver.cuMemsetD32Async(self.ptr + partial_bytes, 0, counter_bytes // 4, cu_stream),
+                          "cuMemsetD32Async")
+            self.partial_bytes, self.counter_bytes = partial_bytes, counter_bytes
+        return self.ptr, self.ptr + self.partial_bytes
 
 
 def _round(nbytes: int) -> int:
@@ -89,7 +90,11 @@ _workspaces_lock = threading.Lock()
 
 
 def _workspace(device: int, stream: int) -> _Workspace:
-    key = (device, stream)
+    """The workspace of `stream`, keyed by the stream's unique id, not its handle: the
+    per-thread default stream has one handle in every thread, and a destroyed stream's handle
+    can come back for a new stream while the old one's kernels still run."""
+    stream_id = int(runtime.check(driver.cuStreamGetId(driver.CUstream(stream)), "cuStreamGetId"))
+    key = (device, stream_id)
     ws = _workspaces.get(key)
     if ws is None:
         with _workspaces_lock:
@@ -252,17 +257,15 @@ def launch_gemm(kernel, lay: KernelLayout, num_sms: int, device: int, stream: in
         runtime.launch(kernel, grid, stream, maps, [m, n, k], [alpha, beta])
         return
     splits = num_splits(cfg, k)
-    units = cluster_tiles(cfg, m, n) * splits
-    if units * cfg.cluster_size > grid:
-        # Split 0 of a tile waits for the other splits: they must all be resident at once.
-        raise ValueError(f"config {cfg.name}: {units} split-K work units do not fit one wave of "
-                         f"{grid // cfg.cluster_size} (clusters of) CTAs; use fewer splits or larger tiles")
     tiles = cluster_tiles(cfg, m, n) * cfg.cluster_size
-    # fp32 partial tiles of splits 1.. (split 0 keeps its own in registers)
-    partial_bytes = _round(tiles * (splits - 1) * cfg.block_m * cfg.block_n * 4)
-    counter_bytes = _round(tiles * cfg.num_consumers * 4)
+    # fp32 partial tiles, a slot per split: whichever split finishes last reduces the tile
+    partial_bytes = _round(tiles * splits * cfg.block_m * cfg.block_n * 4)
+    counter_bytes = _round(tiles * cfg.num_consumers * 8)   # parked and started, per tile and warpgroup
     if stream_is_capturing(stream):
         partials, counters = _graph_workspaces.ensure(device, stream, partial_bytes, counter_bytes)
-    else:
-        partials, counters = _workspace(device, stream).ensure(partial_bytes, counter_bytes, stream)
-    runtime.launch(kernel, grid, stream, maps, [m, n, k], [alpha, beta], (partials, counters, splits))
+        runtime.launch(kernel, grid, stream, maps, [m, n, k], [alpha, beta], (partials, counters, splits))
+        return
+    ws = _workspace(device, stream)
+    with ws.lock:
+        partials, counters = ws.ensure(partial_bytes, counter_bytes, stream)
+        runtime.launch(kernel, grid, stream, maps, [m, n, k], [alpha, beta], (partials, counters, splits))

@@ -45,6 +45,7 @@ from .problem import DTYPE_BYTES
 
 SWIZZLE_ATOM = 1024            # bytes: 8 rows of 128 bytes, the 128B-swizzle repeat
 SMEM_CAPACITY = 232448         # dynamic shared memory one CTA may opt into on sm_100
+SM_SHARED_MEMORY = 233472      # shared memory of one SM on sm_100 (1 KiB of it reserved per CTA)
 BARRIER_BYTES = 8
 UMMA_M = 128                   # accumulator rows per CTA per consumer (= TMEM lanes)
 UMMA_K = 16                    # K of one kind::f16 tcgen05.mma
@@ -247,6 +248,9 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     # consumer and staging slot; one 8-byte word for the TMEM base address.
     num_barriers = 2 * cfg.num_stages + 2 * c * acc_stages + c * OUT_SLOTS
     smem = cfg.num_stages * stage_bytes + out_bytes + (num_barriers + 1) * BARRIER_BYTES + SWIZZLE_ATOM
+    # A CTA holds its TMEM columns while it runs: two CTAs on one SM could each wait for the
+    # other's. Asking for more than half the SM's shared memory keeps one CTA per SM.
+    smem = max(smem, SM_SHARED_MEMORY // 2 + 1)
     return KernelLayout(
         config=cfg, a=a, b=b, cta_group=pair, umma_m=umma_m, umma_n=cfg.block_n,
         idesc=instruction_descriptor(cfg, umma_m), acc_stages=acc_stages,

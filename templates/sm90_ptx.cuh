@@ -19,6 +19,18 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 __device__ __forceinline__ void griddep_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 }
+// ---- split-K ----
+// A named barrier over `threads` threads that also tells each of them whether any passed `pred`.
+__device__ __forceinline__ bool named_barrier_any(u32 id, u32 threads, bool pred) {
+    u32 any;
+    asm volatile("{\n"
+                 ".reg .pred p, q;\n"
+                 "setp.ne.b32 p, %1, 0;\n"
+                 "bar.red.or.pred q, %2, %3, p;\n"
+                 "selp.u32 %0, 1, 0, q;\n"
+                 "}" : "=r"(any) : "r"((u32)pred), "r"(id), "r"(threads) : "memory");
+    return any != 0;
+}
 // ---- stmatrix ----
 // Stores four 8x8 16-bit matrices transposed: register q of a thread holds its two elements
 // (row lane / 4, columns 2 * (lane % 4) + {0, 1}) of matrix q; lanes 8q..8q+7 give the addresses

@@ -93,16 +93,3 @@ def test_graph_workspaces_free_only_released_buffers_of_the_current_device(monke
     assert len(modes) == 2                  # relaxed capture mode set, then restored
     ws._free_released(1)
     assert sorted(freed) == [1001, 1003, 2001, 2003]
-
-
-def test_split_k_launch_refuses_units_past_one_wave():
-    # split 0 of a tile waits for the other splits, so every work unit must be resident at once;
-    # the check comes before any driver call
-    from types import SimpleNamespace
-
-    import pytest
-
-    from jitgemm.launch import launch_gemm
-    cfg = KernelConfig(block_m=64, block_n=64, num_consumers=1, num_stages=8, split_k=4)
-    with pytest.raises(ValueError, match="512 split-K work units do not fit one wave of 132"):
-        launch_gemm(None, SimpleNamespace(config=cfg), 132, 0, 0, [], 128, 4096, 4096, 1.0, 0.0)

@@ -24,7 +24,7 @@ import pytest
 from jitgemm.compiler import compile_cubin
 from jitgemm.config import KernelConfig
 from jitgemm.heuristics import DeviceSpec, sm100
-from jitgemm.layout_sm100 import (SMEM_CAPACITY, TMEM_COLUMNS, cluster_tiles, grid_size, instruction_descriptor,
+from jitgemm.layout_sm100 import (SM_SHARED_MEMORY, SMEM_CAPACITY, TMEM_COLUMNS, cluster_tiles, grid_size, instruction_descriptor,
                                   layout_of, structural_problems)
 from jitgemm.problem import LAYOUTS, Problem
 from jitgemm.render import kernel_name, render
@@ -250,6 +250,16 @@ def test_layout_of_swap_ab_and_two_consumers():
 def test_tmem_is_single_buffered_when_two_buffers_do_not_fit():
     lay = layout_of(sm100_config(block_m=256, num_consumers=2, block_n=256, num_stages=2))
     assert lay.acc_stages == 1 and lay.tmem_columns == TMEM_COLUMNS == lay.tmem_alloc_columns
+
+
+@pytest.mark.parametrize("kw", [dict(block_n=16, num_stages=2), dict(block_n=256, num_stages=2),
+                                dict(block_m=256, num_consumers=2, block_n=64, num_stages=2),
+                                dict(block_n=128, num_stages=3, cluster_size=2, multicast="B")])
+def test_one_cta_per_sm_even_with_few_stages(kw):
+    # each CTA holds its TMEM columns (all 512 for the widest accumulators) while it runs: a second
+    # CTA on the SM could wait for them forever, so the shared memory asked for leaves no room for one
+    lay = layout_of(sm100_config(**kw))
+    assert 2 * (lay.smem_bytes + 1024) > SM_SHARED_MEMORY and lay.smem_bytes <= SMEM_CAPACITY
 
 
 @pytest.mark.parametrize("kw, words", [
