@@ -7,6 +7,7 @@ import pytest
 
 import jitgemm
 from gpu_helpers import assert_close, guard_untouched, guarded_out, random_operand
+from jitgemm import api, launch
 from jitgemm.config import KernelConfig
 from jitgemm.layout import SMEM_CAPACITY, layout_of
 
@@ -118,6 +119,35 @@ def test_forced_config(name, knobs, shape, layout, gen):
         assert_close(out, a2, b, out_dtype)
 
 
+MIN_UNITS_PER_CTA = 3
+
+
+def many_tiles_shape(cfg, shape):
+    """`shape` grown (keeping its edges: the remainders of M and N, and K) until each CTA of the
+    persistent grid runs at least MIN_UNITS_PER_CTA work units. a_rows tiles grow along N only."""
+    m, n, k = shape
+    num_sms = api.device_spec(0).num_sms
+    bm, bn = (cfg.block_n, cfg.block_m) if cfg.swap_ab else (cfg.block_m, cfg.block_n)   # user M, N
+    splits = launch.num_splits(cfg, k)
+    while launch.cluster_tiles(cfg, m, n) * splits < MIN_UNITS_PER_CTA * (num_sms // cfg.cluster_size):
+        if cfg.a_rows or -(-n // bn) <= -(-m // bm):
+            n += bn
+        else:
+            m += bm
+    return m, n, k
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["rr", "cc"])
+@pytest.mark.parametrize("name, knobs, shape", CASES, ids=[c[0] for c in CASES])
+def test_forced_config_many_tiles_per_cta(name, knobs, shape, layout, gen):
+    """Each knob again where every CTA walks several tiles: staging buffers, barriers' phases,
+    split-K counters and pairs must carry over from one tile to the next."""
+    if knobs.get("block_n", 0) > 256 and layout[1] == "col":
+        pytest.skip("tiles wider than 256 need an N-major (row-major) B")
+    cfg = forced_config(knobs, "bf16", "bf16", *layout)
+    check_forced(cfg, many_tiles_shape(cfg, shape), layout, gen)
+
+
 # swap_ab (kernel coordinates: block_m along the user's N, block_n along the user's M): a 16-bit
 # output stored transposed; edges along both kernel dimensions, pairs sharing either operand,
 # two atoms per warpgroup, several tiles per CTA, and a decode-like M of 5 on a 16-wide wgmma N.
@@ -138,25 +168,44 @@ def test_forced_swap_ab(name, knobs, shape, layout, gen):
         check_forced(forced_config({**knobs, "swap_ab": True}, dtype, dtype, *layout), shape, layout, gen)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS + [("row", "col"), ("col", "row")], ids=["rr", "cc", "rc", "cr"])
+@pytest.mark.parametrize("name, knobs, shape", SWAP_CASES, ids=[c[0] for c in SWAP_CASES])
+def test_forced_swap_ab_many_tiles_per_cta(name, knobs, shape, layout, gen):
+    cfg = forced_config({**knobs, "swap_ab": True}, "bf16", "bf16", *layout)
+    check_forced(cfg, many_tiles_shape(cfg, shape), layout, gen)
+
+
 def knobs_of(name):
     return next(knobs for case, knobs, _ in CASES if case == name)
 
 
-@pytest.mark.parametrize("knobs", [knobs_of(name) for name in ("cluster1_2consumers_n256", "mcastA_odd_pairs", "splitk3_uneven_k",
-                                                                "b_tail_n144_mcastA")],
-                         ids=["plain", "mcastA", "splitk", "b_tail"])
-def test_forced_config_with_c(knobs, gen):
+C_KNOBS = [knobs_of(name) for name in ("cluster1_2consumers_n256", "mcastA_odd_pairs", "splitk3_uneven_k",
+                                         "b_tail_n144_mcastA", "mcastB_1consumer", "wide_n384_mcastB")]
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["c", "out_is_c"])
+@pytest.mark.parametrize("many_tiles", [False, True], ids=["one_tile", "many_tiles"])
+@pytest.mark.parametrize("knobs", C_KNOBS, ids=["plain", "mcastA", "splitk", "b_tail", "mcastB", "wide_ring"])
+@pytest.mark.parametrize("odt", ["fp32", "bf16"])
+def test_forced_config_with_c(knobs, odt, many_tiles, in_place, gen):
     import torch
+    cfg = forced_config(knobs, "bf16", odt, "row", "row", has_c=True)
+    if cfg.num_stages < 3:
+        pytest.skip("an fp32 tile this wide leaves too few stages: the heuristics never emit it")
     m, n, k = 515, 5 * 128 - 3 + 3, 700
-    cfg = forced_config(knobs, "bf16", "fp32", "row", "row", has_c=True)
+    if many_tiles:
+        m, n, k = many_tiles_shape(cfg, (m, n, k))
     a = random_operand(m, k, "bf16", "row", gen)
     b = random_operand(k, n, "bf16", "row", gen)
-    c = torch.randn(m, n, device="cuda", generator=gen)
-    buf, out = guarded_out(m, n, "fp32")
+    c = random_operand(m, n, odt, "row", gen)
+    buf, out = guarded_out(m, n, odt)
+    if in_place:
+        out.copy_(c)
+        c, before = out, c
     jitgemm.gemm(a, b, out=out, c=c, alpha=0.5, beta=-2.0, config=cfg)
     torch.cuda.synchronize()
     assert guard_untouched(buf, m, n)
-    assert_close(out, a, b, "fp32", c=c, alpha=0.5, beta=-2.0)
+    assert_close(out, a, b, odt, c=before if in_place else c, alpha=0.5, beta=-2.0)
 
 
 def test_split_k_inside_a_captured_graph(gen):

@@ -5,7 +5,7 @@ import jitgemm
 from jitgemm import api, heuristics, tuning
 from jitgemm.problem import Problem
 
-from gpu_helpers import TOLERANCE, guard_untouched, guarded_out, random_operand, rel_error
+from gpu_helpers import assert_close, guard_untouched, guarded_out, random_operand
 
 pytestmark = pytest.mark.gpu
 
@@ -42,7 +42,7 @@ def _check_gemm(problem, seed=1):
     buf, out = guarded_out(p.m, p.n, p.out_dtype)
     jitgemm.gemm(a, b, out, c=c)
     torch.cuda.synchronize()
-    assert rel_error(out, a, b, c) <= TOLERANCE[p.out_dtype]
+    assert_close(out, a, b, p.out_dtype, c=c)
     assert guard_untouched(buf, p.m, p.n)
 
 
