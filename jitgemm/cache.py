@@ -4,23 +4,29 @@ Key: sha256 over the rendered source, the compile options, the target arch, the 
 and CACHE_SCHEMA. Entry: a directory named by the full hex key holding `kernel.cu`,
 `kernel.cubin` and `meta.json` (never a pickle). An entry is compiled into a private temporary
 directory, fsynced and renamed into place; a file lock per key deduplicates concurrent compiles
-across threads and processes, and a lost race is a success.
+across threads and processes, and a lost race is a success. The lock holder records its pid in
+the lock file, so a waiter stops waiting for a holder that is stopped (Ctrl-Z, a debugger) or
+gone and compiles without the lock: a duplicate compile publishes the same entry.
 
 Trust: the root, each entry and each file must be owned by the user, not be a symlink and not be
 writable by group or others (checked with lstat/fstat, never following links); otherwise the
 kernel is compiled in memory with a warning. A cubin whose size or sha256 does not match its
 meta file is a miss: it is rebuilt and reported once. A root that cannot be written (read-only,
 full disk, a file in its place) means in-memory compilation with one warning, never a crash.
+Only regular files are opened (a FIFO in place of a cache file could block forever): anything
+else is a corrupt entry. prune/clear rename an entry aside before deleting it, so a reader never
+sees half of one, and treat items that vanish or appear meanwhile as another process's work.
 """
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
-import shutil
 import stat
 import tempfile
 import threading
@@ -35,8 +41,10 @@ CACHE_SCHEMA = 1
 SOURCE_FILE, CUBIN_FILE, META_FILE = "kernel.cu", "kernel.cubin", "meta.json"
 LOCK_DIR, FAILED_DIR = ".locks", "failed"       # per-key lock files; sources that failed to compile
 TMP_PREFIX, TRASH_PREFIX = ".tmp-", ".trash-"   # entries being written; corrupt entries being removed
-LOCK_TIMEOUT_S = 600.0                          # a compile takes about a second; longer means a hung peer
-STALE_TMP_S = 3600.0                            # prune removes temporary directories older than this
+LOCK_TIMEOUT_S = 120.0                          # a compile takes seconds; then compile without the lock
+LOCK_POLL_S = 0.05                              # how often a waiter retries the lock and checks its holder
+HOLDER_GRACE_S = 1.0                            # a holder seen stopped or gone this long is not waited for
+STALE_TMP_S = 3600.0                            # prune/clear remove temporary directories older than this
 KEY_RE = re.compile(r"[0-9a-f]{64}")
 TUNING_NAMES = ("tuned.json", "tuned.json.lock")   # jitgemm.tuning's file: not a kernel entry, kept by clear
 ENV_ROOT, ENV_OFFLINE = "JITGEMM_CACHE_DIR", "JITGEMM_OFFLINE"
@@ -106,20 +114,46 @@ def check_root(root: Path) -> None:
         raise NotADirectoryError(errno.ENOTDIR, "cache root is not a directory", str(root))
 
 
-def read_trusted(path: Path, what: str) -> bytes:
+def _open_regular(path: Path, flags: int, what: str) -> int:
+    """`path` opened with `flags` once lstat shows a trusted regular file (or, with O_CREAT,
+    nothing): a FIFO or device is never opened, as that can block forever. The fd is checked to
+    be the file lstat saw. FileNotFoundError when missing, UnsafeError when untrusted,
+    CorruptEntry when not a regular file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        before = os.lstat(path)
     except FileNotFoundError:
-        raise CorruptEntry(f"{what} is missing") from None
+        if not flags & os.O_CREAT:
+            raise
+        before = None
+    if before is not None:
+        _check_trusted(before, path, "cache file")
+        if not stat.S_ISREG(before.st_mode):
+            raise CorruptEntry(f"{what} is not a regular file")
+    try:   # O_NONBLOCK: should a FIFO be swapped in after the lstat, opening it does not block
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafeError(f"{path} is a symlink") from None
+        raise
+    try:
+        st = os.fstat(fd)   # of the file actually opened: no window between check and use
+        _check_trusted(st, path, "cache file")
+        if not stat.S_ISREG(st.st_mode) or (before is not None and not os.path.samestat(before, st)):
+            raise CorruptEntry(f"{what} was replaced while being opened")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_trusted(path: Path, what: str) -> bytes:
+    try:
+        fd = _open_regular(path, os.O_RDONLY, what)
+    except FileNotFoundError:
+        raise CorruptEntry(f"{what} is missing") from None
+    except OSError as exc:
         raise CorruptEntry(f"{what} cannot be opened ({exc.strerror})") from None
     try:
-        st = os.fstat(fd)   # of the file actually opened: no window between check and read
-        _check_trusted(st, path, "cache file")
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptEntry(f"{what} is not a regular file")
         with os.fdopen(os.dup(fd), "rb") as f:
             return f.read()
     except OSError as exc:
@@ -186,17 +220,199 @@ def _is_dir(path: Path) -> bool:
         return False
 
 
-def _remove(path: Path) -> None:
-    """Delete `path` without following symlinks: a link is unlinked, never its target."""
-    st = os.lstat(path)
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path)   # fd-based on Linux: links inside are unlinked, not followed
-    else:
-        os.unlink(path)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-if not shutil.rmtree.avoids_symlink_attacks:   # prune/clear rely on it to stay inside the root
-    raise ImportError("jitgemm.cache needs a platform where shutil.rmtree does not follow symlinks")
+def _remove_tree(name: str | Path, dir_fd: int | None = None) -> None:
+    """Delete `name` (relative to `dir_fd`) and everything below it. Only directories are
+    opened (O_DIRECTORY | O_NOFOLLOW: never a link's target, never a FIFO); anything else is
+    unlinked. What vanishes meanwhile was removed by another process, and a directory that
+    gains an item meanwhile is left: both are skipped, not errors."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        return
+    try:
+        with os.scandir(fd) as items:
+            names = [item.name for item in items]
+        for child in names:
+            _remove_tree(child, fd)
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno != errno.ENOTEMPTY:
+            raise
+
+
+if not {os.open, os.unlink, os.rmdir} <= os.supports_dir_fd:   # _remove_tree stays inside the root with them
+    raise ImportError("jitgemm.cache needs a platform with dir_fd support (os.open, os.unlink, os.rmdir)")
+
+
+# ---- the compile lock ----
+
+_HAVE_PROC = os.path.exists("/proc/self/stat")   # Linux: holders can be checked on
+
+
+def _proc_state(pid: int) -> tuple[str, str] | None:
+    """(state letter, start time) of process `pid`, or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()   # after the command name, which may hold anything
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return fields[0].decode(), fields[19].decode()
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "?"
+
+
+def _holder_record() -> bytes:
+    """What a lock holder writes into the lock file: pid, start time (pids are reused) and pid
+    namespace (another container's pids mean nothing here)."""
+    pid = os.getpid()
+    found = _proc_state(pid) if _HAVE_PROC else None
+    return f"{pid} {found[1] if found else '?'} {_pid_namespace()}".encode()
+
+
+def _stalled(record: bytes) -> str | None:
+    """"stopped" or "gone" when the holder that wrote `record` cannot be compiling; None when
+    it is running or cannot be judged (no /proc, another pid namespace, no record yet)."""
+    try:
+        pid_text, start, namespace = record.decode().split()
+        pid = int(pid_text)
+    except ValueError:      # UnicodeDecodeError is one too
+        return None
+    if not _HAVE_PROC or pid <= 0 or namespace != _pid_namespace():
+        return None
+    found = _proc_state(pid)
+    if found is None or (start != "?" and found[1] != start):
+        return "gone"       # the lock is still held: a child that inherited the descriptor
+    return "stopped" if found[0] in ("T", "t") else None   # t: stopped by a debugger
+
+
+class CompileLock:
+    """An exclusive flock on `path`, whose holder records who it is (_holder_record) so that a
+    waiter can tell a holder that is compiling from one that is stopped or gone."""
+
+    def __init__(self, path: Path, what: str):
+        self.path, self.what = path, what
+        self._fd = None
+
+    def acquire(self, timeout: float) -> str | None:
+        """None once the lock is held. Otherwise why it was not waited for (the holder has been
+        stopped or gone for HOLDER_GRACE_S, or `timeout` passed, or the lock file is not a
+        regular file): the caller goes on without it. OSError when it cannot be created."""
+        start = time.monotonic()
+        fd = None
+        suspect, since = None, start
+        try:
+            while True:
+                if fd is None:
+                    try:
+                        fd = self._open()
+                    except (UnsafeError, CorruptEntry) as exc:
+                        return f"{self.what} cannot be used ({exc})"
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pass
+                else:
+                    if self._still_linked(fd):
+                        os.ftruncate(fd, 0)
+                        os.pwrite(fd, _holder_record(), 0)
+                        self._fd, fd = fd, None
+                        return None
+                    os.close(fd)     # removed by a cleanup while we waited: take the new file
+                    fd = None
+                    continue
+                now = time.monotonic()
+                record = os.pread(fd, 256, 0)
+                seen = (record, _stalled(record))
+                if seen != suspect:
+                    suspect, since = seen, now
+                pid = record.split(b" ", 1)[0].decode(errors="replace")
+                holder = f"another process (pid {pid})" if pid else "another process"
+                if seen[1] == "stopped" and now - since >= HOLDER_GRACE_S:
+                    return f"{holder} holding {self.what} is stopped"
+                if seen[1] == "gone" and now - since >= HOLDER_GRACE_S:
+                    return f"{holder} that took {self.what} has exited, yet the lock is still held"
+                if now - start >= timeout:
+                    return f"{holder} has held {self.what} for over {timeout:.0f} s"
+                time.sleep(LOCK_POLL_S)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)     # closing drops the flock
+
+    def _open(self) -> int:
+        try:
+            return _open_regular(self.path, os.O_RDWR | os.O_CREAT, "the lock file")
+        except FileNotFoundError:   # its directory was removed by clear: make it again
+            make_private_dir(self.path.parent, "lock directory")
+            return _open_regular(self.path, os.O_RDWR | os.O_CREAT, "the lock file")
+
+    def _still_linked(self, fd: int) -> bool:
+        try:
+            return os.path.samestat(os.fstat(fd), os.lstat(self.path))
+        except FileNotFoundError:
+            return False
+
+
+def make_private_dir(path: Path, what: str) -> None:
+    """`path` as a directory only the user can write: made so, or checked to be trusted."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        st = os.lstat(path)
+        _check_trusted(st, path, what)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, f"{what} is not a directory", str(path)) from None
+
+
+def _remove_unheld_lock(path: Path) -> bool:
+    """Unlink the lock file `path` unless a process holds it (a compile in progress). A waiter
+    that then gets the unlinked file notices and takes the new one (CompileLock._still_linked).
+    Something other than a regular file cannot be held: it is unlinked. False if left."""
+    try:
+        fd = _open_regular(path, os.O_RDWR, "the lock file")
+    except FileNotFoundError:
+        return True
+    except (UnsafeError, CorruptEntry):
+        fd = None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return True
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 _warned: set = set()
@@ -292,12 +508,15 @@ class KernelCache:
             return self._in_memory(key, compile_fn, found)
         try:
             self.ensure_root()
-            lock = self._file_lock(key)
-            lock.acquire()      # filelock.Timeout is an OSError too: a peer hung for LOCK_TIMEOUT_S
+            make_private_dir(self.root / LOCK_DIR, "lock directory")
+            lock = CompileLock(self.root / LOCK_DIR / f"{key}.lock", f"the compile lock for {key}")
+            not_held = lock.acquire(LOCK_TIMEOUT_S)
         except UnsafeError as exc:
             return self._in_memory(key, compile_fn, Lookup("unsafe", reason=str(exc), root_unsafe=True))
         except OSError as exc:
             return self._in_memory(key, compile_fn, None, exc)
+        if not_held:     # a duplicate compile is safe: publishing is atomic and a lost race a success
+            _warn_once((str(self.root), key, "lock"), f"jitgemm: {not_held}; compiling without it")
         try:
             found = self.lookup(key)    # another thread or process may have published it meanwhile
             if found.status == "hit":
@@ -322,15 +541,6 @@ class KernelCache:
             except FileExistsError:
                 pass
             check_root(self.root)     # whoever created it, it must be trusted now
-
-    def _file_lock(self, key: str):
-        import filelock   # only the compile path needs it (keeps the warm path's imports small)
-        locks = self.root / LOCK_DIR
-        try:
-            os.mkdir(locks, 0o700)
-        except FileExistsError:
-            _check_trusted(os.lstat(locks), locks, "lock directory")
-        return filelock.FileLock(str(locks / f"{key}.lock"), timeout=LOCK_TIMEOUT_S, mode=0o600)
 
     def _in_memory(self, key: str, compile_fn, unsafe: Lookup | None, error: OSError | None = None) -> CacheResult:
         if unsafe is not None:
@@ -364,8 +574,10 @@ class KernelCache:
                 return CacheResult(result.cubin, key, False, result.seconds, None)
             return CacheResult(result.cubin, key, False, result.seconds, entry)
         finally:
-            if os.path.lexists(tmp):
-                shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                _remove_tree(tmp)     # gone already once published
+            except OSError:
+                pass
 
     def _keep_failed_source(self, path: Path, source: str) -> None:
         """Best effort: the compile error names this path, so the source should be there."""
@@ -409,7 +621,10 @@ class KernelCache:
                 raise
         _fsync_dir(self.root)
         if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
+            try:
+                _remove_tree(trash)
+            except OSError:
+                pass    # prune removes leftover trash
         return entry
 
     def _offline_message(self, key: str, found: Lookup, hint: str) -> str:
@@ -431,11 +646,17 @@ class KernelCache:
         with os.scandir(self.root) as items:
             for item in items:
                 if KEY_RE.fullmatch(item.name):
-                    out.append(self._entry_info(Path(item.path), item.name))
+                    info = self._entry_info(Path(item.path), item.name)
+                    if info is not None:
+                        out.append(info)
         return out
 
-    def _entry_info(self, path: Path, key: str) -> EntryInfo:
-        st = os.lstat(path)
+    def _entry_info(self, path: Path, key: str) -> EntryInfo | None:
+        """None when the entry vanished meanwhile (removed by another process)."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
         problem, meta, size = None, None, 0
         try:
             _check_trusted(st, path, "cache entry")
@@ -463,14 +684,16 @@ class KernelCache:
         return matches[0]
 
     def verify(self) -> list[tuple[EntryInfo, str | None]]:
-        """Every entry with None when it re-hashes correctly, else the reason it is bad."""
+        """Every entry with None when it re-hashes correctly, else the reason it is bad (an
+        entry removed by another process meanwhile is left out)."""
         report = []
         for info in self.entries():
             try:
                 read_entry(info.path, info.key, check_source=True)
                 report.append((info, None))
             except (UnsafeError, CorruptEntry, OSError) as exc:
-                report.append((info, str(exc)))
+                if os.path.lexists(info.path):
+                    report.append((info, str(exc)))
         return report
 
     def _cleanup_root(self) -> Path:
@@ -502,48 +725,87 @@ class KernelCache:
             return doomed
         for e in doomed:
             self._delete(real, e.key)
-            self._delete(real, Path(LOCK_DIR) / f"{e.key}.lock")
-        with os.scandir(real) as items:
-            for item in items:
-                age = now - item.stat(follow_symlinks=False).st_mtime
-                if (item.name.startswith(TRASH_PREFIX)
-                        or (item.name.startswith(TMP_PREFIX) and age > STALE_TMP_S)):
-                    self._delete(real, item.name)
+            if _is_dir(real / LOCK_DIR):     # never through a link
+                _remove_unheld_lock(real / LOCK_DIR / f"{e.key}.lock")
+        for name in _names(real):
+            stale_tmp = name.startswith(TMP_PREFIX) and _age(real / name, now) > STALE_TMP_S
+            if stale_tmp or name.startswith(TRASH_PREFIX):
+                self._delete(real, name)
         if older_than is not None and _is_dir(real / FAILED_DIR):
-            with os.scandir(real / FAILED_DIR) as items:
-                for item in items:
-                    if now - item.stat(follow_symlinks=False).st_mtime > older_than:
-                        self._delete(real, Path(FAILED_DIR) / item.name)
+            for name in _names(real / FAILED_DIR):
+                if _age(real / FAILED_DIR / name, now) > older_than:
+                    self._delete(real, Path(FAILED_DIR) / name)
         return doomed
 
     def clear(self) -> tuple[int, list[str]]:
-        """Remove everything the cache made under the root: (entries removed, names left alone)."""
+        """Remove everything the cache made under the root: (entries removed, names left alone).
+        Lock files that are held and temporary directories younger than STALE_TMP_S belong to
+        compiles in progress: they stay."""
         try:
             real = self._cleanup_root()
         except FileNotFoundError:
             return 0, []
         removed, unknown = 0, []
-        with os.scandir(real) as items:
-            names = sorted(item.name for item in items)
-        for name in names:
+        now = time.time()
+        for name in sorted(_names(real)):
             if KEY_RE.fullmatch(name):
-                removed += 1
+                removed += self._delete(real, name)
             elif name in TUNING_NAMES:
                 continue
-            elif not (name in (LOCK_DIR, FAILED_DIR) or name.startswith((TMP_PREFIX, TRASH_PREFIX))):
+            elif name == LOCK_DIR and _is_dir(real / name):
+                if all([_remove_unheld_lock(real / name / lock) for lock in _names(real / name)]):
+                    _rmdir_if_empty(real / name)
+            elif name.startswith(TMP_PREFIX):
+                if _age(real / name, now) > STALE_TMP_S:
+                    self._delete(real, name)
+            elif name in (LOCK_DIR, FAILED_DIR) or name.startswith(TRASH_PREFIX):
+                self._delete(real, name)
+            else:
                 unknown.append(name)   # not ours: a mistyped JITGEMM_CACHE_DIR must not wipe a home dir
-                continue
-            self._delete(real, name)
         return removed, unknown
 
     @staticmethod
-    def _delete(real_root: Path, relative: Path | str) -> None:
+    def _delete(real_root: Path, relative: Path | str) -> bool:
+        """Remove an item under the root; False if it was gone already. An item of the root
+        itself is first renamed to a trash name, so no reader sees it half-deleted."""
         path = real_root / relative
         # The parent must resolve inside the root; the item itself may be a link (it is unlinked).
         parent = os.path.realpath(path.parent)
         if os.path.commonpath([parent, str(real_root)]) != str(real_root):
             raise UnsafeError(f"refusing to delete {path}: it is outside the cache root {real_root}")
-        try:
-            _remove(path)
-        except FileNotFoundError:
-            pass
+        if path.parent == real_root and not path.name.startswith(TRASH_PREFIX):
+            trash = real_root / f"{TRASH_PREFIX}{path.name.lstrip('.')[:16]}-{secrets.token_hex(4)}"
+            try:
+                os.rename(path, trash)
+            except FileNotFoundError:
+                return False
+            path = trash
+        elif not os.path.lexists(path):
+            return False
+        _remove_tree(path)
+        return True
+
+
+def _names(directory: Path) -> list[str]:
+    """The names in `directory`; none if it vanished meanwhile."""
+    try:
+        with os.scandir(directory) as items:
+            return [item.name for item in items]
+    except FileNotFoundError:
+        return []
+
+
+def _age(path: Path, now: float) -> float:
+    """Seconds since `path` was modified; -inf if it vanished meanwhile (never "old")."""
+    try:
+        return now - os.lstat(path).st_mtime
+    except FileNotFoundError:
+        return -math.inf
+
+
+def _rmdir_if_empty(path: Path) -> None:
+    try:
+        os.rmdir(path)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY):
+            raise

@@ -519,3 +519,203 @@ def test_cache_dir_variable_moves_the_root(tmp_path, monkeypatch):
     assert KernelCache().root == tmp_path / "relative"
     monkeypatch.delenv("JITGEMM_CACHE_DIR")
     assert KernelCache().root.name == "jitgemm"
+
+
+# ---- FIFOs, stopped lock holders and concurrent cleanup (issue #16) ----
+
+def run_guarded(script: str, *args, timeout=30, env=None):
+    """Run `script` in a fresh interpreter; a hang fails the test instead of stalling the run."""
+    try:
+        return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
+                              timeout=timeout, env=env, cwd=Path(__file__).parent.parent)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"timed out after {timeout} s (a hang)")
+
+
+FIFO_OPS = r"""
+import json, sys, warnings
+from click.testing import CliRunner
+from jitgemm import cli, kernels, tuning
+from jitgemm.config import KernelConfig
+warnings.simplefilter("ignore")
+for op in sys.argv[1:]:
+    if op == "build":
+        built = kernels.build(KernelConfig(block_m=64, num_consumers=1, block_n=64, num_stages=4))
+        print(json.dumps({"op": op, "path": str(built.cache.path), "cubin": built.cubin.hex()}), flush=True)
+    elif op == "tuned":
+        print(json.dumps({"op": op, "entries": tuning.read_entries()}), flush=True)
+    else:
+        args = {"list": ["cache", "list"], "verify": ["cache", "verify"], "show": ["tune", "--show"],
+                "clear": ["cache", "clear", "--yes"]}[op]
+        result = CliRunner().invoke(cli.main, args)
+        print(json.dumps({"op": op, "exit": result.exit_code, "output": result.output}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("where", [CUBIN_FILE, META_FILE, SOURCE_FILE, "lock", "tuned.json"])
+def test_a_fifo_in_place_of_a_cache_file_never_hangs(warm_cache, seeded, where):
+    entry = warm_cache / seeded.key
+    fifo = {"lock": warm_cache / ".locks" / f"{seeded.key}.lock", "tuned.json": warm_cache / "tuned.json"}.get(
+        where, entry / where)
+    if where == "lock":
+        shutil.rmtree(entry)   # a miss, so that the compile path takes the lock
+    if fifo.exists():
+        fifo.unlink()
+    os.mkfifo(fifo, 0o600)
+    env = dict(os.environ, JITGEMM_CACHE_DIR=str(warm_cache))
+    out = run_guarded(FIFO_OPS, "list", "verify", "show", "tuned", "clear", env=env)
+    assert out.returncode == 0, out.stderr
+    results = {r["op"]: r for r in map(json.loads, out.stdout.splitlines())}
+    assert results["list"]["exit"] == 0 and results["show"]["exit"] == 0 and results["clear"]["exit"] == 0
+    assert results["verify"]["exit"] == (1 if where in (CUBIN_FILE, META_FILE, SOURCE_FILE) else 0)
+    assert results["tuned"]["entries"] == {}
+    assert os.path.lexists(fifo) == (where == "tuned.json")     # clear removes all but the tuning file
+    assert not entry.exists()
+
+    # The load path: the FIFO is a corrupt entry (rebuilt) or an unusable lock (compiled without it).
+    shutil.rmtree(warm_cache)
+    shutil.copytree(seeded.root, warm_cache, symlinks=True)
+    if where == "lock":
+        shutil.rmtree(entry)
+    if fifo.exists():
+        fifo.unlink()
+    os.mkfifo(fifo, 0o600)
+    out = run_guarded(FIFO_OPS, "build", "tuned", env=env)
+    assert out.returncode == 0, out.stderr
+    results = {r["op"]: r for r in map(json.loads, out.stdout.splitlines())}
+    assert bytes.fromhex(results["build"]["cubin"]) == seeded.cubin
+    assert results["build"]["path"] == str(entry)
+    # A load reads only the cubin and meta file: a FIFO source stays until verify names it.
+    expected = "kernel.cu is not a regular file" if where == SOURCE_FILE else None
+    assert KernelCache(warm_cache).verify()[0][1] == expected
+
+
+STOPPED_HOLDER = r"""
+import os, signal, sys
+from types import SimpleNamespace
+from jitgemm.cache import KernelCache
+
+def compile_fn(source_path):   # stops itself holding the compile lock, as Ctrl-Z or a debugger would
+    open(sys.argv[2], "w").close()
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return SimpleNamespace(cubin=b"\x7fELF late", seconds=0.0)
+
+KernelCache(sys.argv[1]).get_or_compile("// kernel source", "sm_90a", ("-O3",), "13.0", {"kernel": "k"}, compile_fn)
+"""
+
+WAITER = r"""
+import json, sys, time, warnings
+from types import SimpleNamespace
+from jitgemm.cache import KernelCache
+warnings.simplefilter("always")
+start = time.monotonic()
+with warnings.catch_warnings(record=True) as records:
+    result = KernelCache(sys.argv[1]).get_or_compile("// kernel source", "sm_90a", ("-O3",), "13.0",
+        {"kernel": "k"}, lambda path: SimpleNamespace(cubin=b"\x7fELF fake cubin", seconds=0.0))
+print(json.dumps({"seconds": time.monotonic() - start, "path": str(result.path), "cubin": result.cubin.hex(),
+                  "warnings": [str(w.message) for w in records]}))
+"""
+
+
+def _process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_a_stopped_lock_holder_is_not_waited_for(tmp_path):
+    root = tmp_path / "c"
+    marker = tmp_path / "compiling"
+    holder = subprocess.Popen([sys.executable, "-c", STOPPED_HOLDER, str(root), str(marker)],
+                              cwd=Path(__file__).parent.parent)
+    try:
+        deadline = time.time() + 60
+        while not (marker.exists() and _process_state(holder.pid) == "T"):
+            assert time.time() < deadline and holder.poll() is None, "the holder did not take the lock and stop"
+            time.sleep(0.02)
+        out = run_guarded(WAITER, root, timeout=30)
+    finally:
+        holder.kill()      # SIGKILL ends a stopped process too
+        holder.wait()
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["seconds"] < 10
+    assert bytes.fromhex(result["cubin"]) == b"\x7fELF fake cubin"
+    assert result["path"] == str(root / cache_key("// kernel source", ("-O3",), "sm_90a", "13.0"))
+    assert any(f"pid {holder.pid}" in w and "is stopped" in w and "without it" in w
+               for w in result["warnings"]), result["warnings"]
+    assert KernelCache(root).verify()[0][1] is None
+
+
+def test_a_holder_record_names_a_running_process_not_a_finished_one():
+    assert cache_mod._stalled(cache_mod._holder_record()) is None
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record = f"{done.stdout.strip()} 1 {cache_mod._pid_namespace()}".encode()
+    expected = "gone" if cache_mod._HAVE_PROC else None
+    assert cache_mod._stalled(record) == expected
+    assert cache_mod._stalled(b"") is None and cache_mod._stalled(b"\xff garbage") is None
+
+
+def test_clear_leaves_held_locks_and_fresh_temporary_dirs(tmp_path):
+    cache = KernelCache(tmp_path / "c")
+    fake_get(cache, fake_compiler())
+    locks = cache.root / ".locks"
+    held = cache_mod.CompileLock(locks / f"{'a' * 64}.lock", "a lock")
+    assert held.acquire(5) is None
+    (locks / f"{'b' * 64}.lock").touch()
+    (cache.root / ".tmp-fresh").mkdir()
+    (cache.root / ".tmp-old").mkdir()
+    os.utime(cache.root / ".tmp-old", (0, 0))
+    try:
+        assert cache.clear() == (1, [])
+        assert sorted(p.name for p in cache.root.iterdir()) == [".locks", ".tmp-fresh"]
+        assert [p.name for p in locks.iterdir()] == [f"{'a' * 64}.lock"]
+    finally:
+        held.release()
+    assert cache.clear() == (0, [])
+    assert sorted(p.name for p in cache.root.iterdir()) == [".tmp-fresh"]
+
+
+CHURN = r"""
+import hashlib, random, sys, time, traceback, warnings
+from types import SimpleNamespace
+from jitgemm.cache import KernelCache
+warnings.simplefilter("ignore")
+cache, rng = KernelCache(sys.argv[1]), random.Random(int(sys.argv[2]))
+deadline = time.monotonic() + float(sys.argv[3])
+try:
+    while time.monotonic() < deadline:
+        op = rng.random()
+        if op < 0.6:
+            source = f"// kernel {rng.randrange(40)}"
+            cubin = b"\x7fELF " + hashlib.sha256(source.encode()).digest()
+            result = cache.get_or_compile(source, "sm_90a", ("-O3",), "13.0", {"kernel": "k"},
+                                          lambda path: SimpleNamespace(cubin=cubin, seconds=0.0))
+            assert result.cubin == cubin, "wrong cubin"
+        elif op < 0.8:
+            cache.prune(max_size=rng.randrange(0, 2000))
+        elif op < 0.9:
+            cache.clear()
+        else:
+            cache.verify()
+except BaseException:
+    traceback.print_exc()
+    sys.exit(1)
+"""
+
+
+def test_concurrent_publish_prune_and_clear_stay_consistent(tmp_path):
+    root = tmp_path / "c"
+    KernelCache(root).ensure_root()
+    procs = [subprocess.Popen([sys.executable, "-c", CHURN, str(root), str(seed), "6"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+             for seed in range(6)]
+    try:
+        outputs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0] * len(procs), [err for _, err in outputs]
+    cache = KernelCache(root)
+    assert all(why is None for _, why in cache.verify())
+    assert leftovers(root) == []

@@ -3,6 +3,7 @@ import json
 import types
 import warnings
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -208,3 +209,26 @@ def test_cli_show_survives_bad_records(tmp_cache):
     tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), "not a record")
     result = _invoke("tune", "--show")
     assert result.exit_code == 0 and "malformed record" in result.output
+
+
+@pytest.mark.parametrize("out_dtype", ["bf16", "fp16", "fp32"])
+def test_the_output_check_is_elementwise_over_the_whole_output(out_dtype):
+    from jitgemm.operands import numpy_dtype
+    rng = np.random.default_rng(1)
+    m, n, k = 256, 192, 1024
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    ref = a @ b
+    scale = np.sqrt(k) * np.abs(a).max() * np.abs(b).max()
+    good = ref.astype(np.float32).astype(numpy_dtype(out_dtype))     # fp32 accumulation, rounded output
+    assert tuning.output_error(good, ref, out_dtype, scale) is None
+
+    block = good.astype(np.float64)
+    block[96:128, 32:64] = rng.standard_normal((32, 32)) * np.sqrt(k)   # one 32x32 tile of garbage
+    assert "out of tolerance" in tuning.output_error(block, ref, out_dtype, scale)
+    stale = good.astype(np.float64)
+    stale[:32, 160:192] = 0.0                                           # one tile never written
+    assert tuning.output_error(stale, ref, out_dtype, scale) is not None
+    nan = good.astype(np.float64)
+    nan[200, 7] = np.nan
+    wrong = tuning.output_error(nan, ref, out_dtype, scale, row0=1024)
+    assert wrong.startswith("1 elements") and "(1224, 7)" in wrong
