@@ -827,6 +827,24 @@ def test_require_valid_raises_with_reasons():
     assert heuristics.require_valid(_cfg(), p, H200) == _cfg()
 
 
+def test_a_rows_must_cover_every_row_of_m():
+    """a_rows loads only that many rows of A per tile: valid only when the kernel's M fits them
+    (issue 16: a_rows=8 for M=4096 loaded 8 of 128 rows and stored all of them)."""
+    big, small = Problem(4096, 4096, 4096), Problem(8, 4096, 4096)
+    short = _cfg(a_rows=8)
+    assert any("a_rows=8" in r and "M=4096" in r for r in check_config(short, big, H200))
+    with pytest.raises(ValueError, match=r"^config: .*a_rows=8 loads only"):
+        heuristics.require_valid(short, big, H200)
+    assert not any("a_rows" in r for r in check_config(short, small, H200))
+    assert not any("a_rows" in r for r in check_config(_cfg(a_rows=16), Problem(9, 4096, 4096), H200))
+
+
+def test_a_rows_from_the_env_is_checked_against_m(monkeypatch):
+    monkeypatch.setenv("JITGEMM_CONFIG", '{"a_rows": 8}')
+    with pytest.raises(ValueError, match="JITGEMM_CONFIG=.*a_rows=8 loads only"):
+        config_from_env(Problem(4096, 4096, 4096), H200)
+
+
 # ----------------------------------------------------------------------------- JITGEMM_CONFIG
 
 
