@@ -16,7 +16,7 @@ from .config import KernelConfig
 from .heuristics import DeviceSpec
 from .operands import (GENERIC, HOST, LEGACY_STREAM, NUMPY_NAMES, TMA_ALIGN, UNRESOLVED, View, describe,
                        lib_of, needs_consumer_stream, overlaps, resolve_device, stream_wait)
-from .problem import Problem
+from .problem import MAX_OUTPUT_ELEMENTS, Problem
 
 # Compute capability 9.0 -> sm_90a kernels (run and verified on an H200); 10.0 -> sm_100a
 # kernels (compiled and SASS-checked only: never run on Blackwell hardware yet).
@@ -465,6 +465,9 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
     if kb != k:
         raise ValueError(f"b: expected shape ({k}, N) so that its rows match the {k} columns of a "
                          f"(a has shape {va.shape}), got shape {vb.shape}")
+    if m * n > MAX_OUTPUT_ELEMENTS:
+        raise ValueError(f"b: a {va.shape} @ b {vb.shape} has {m * n} output elements, more than the "
+                         f"{MAX_OUTPUT_ELEMENTS} (2^40) the kernels can count in 32-bit tiles")
     odt = _out_dtype_name(out_dtype, va.dtype)
     vo = None
     if out is not None:

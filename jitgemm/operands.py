@@ -27,6 +27,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .problem import MAX_DIM
+
 # numpy-style dtype names -> kernel dtype names
 DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 NUMPY_NAMES = {v: k for k, v in DTYPE_NAMES.items()}
@@ -35,6 +37,8 @@ TMA_ALIGN = 16           # bytes: TMA needs 16-byte aligned base addresses and l
 LEGACY_STREAM = 1        # CU_STREAM_LEGACY; also the CAI / DLPack code for the legacy default stream
 HOST = -1                # View.device of a host (NumPy) array
 UNRESOLVED = -2          # View.device of a raw CUDA-array-interface pointer not yet looked up
+MAX_SPAN = 1 << 48       # bytes from an array's first to its last element: more than any device
+                         # holds, and far from wrapping the 64-bit address arithmetic done on them
 
 
 @dataclass(frozen=True)
@@ -113,9 +117,11 @@ class _ArrayInterface:
 
 def _stand_in(v: View) -> np.ndarray:
     isz = v.itemsize
+    # the stride of a dimension of one element is never stepped (and may be anything)
+    strides = tuple(s * isz if n > 1 else 0 for s, n in zip(v.strides, v.shape))
     return np.asarray(_ArrayInterface({
         "shape": (v.shape[0], v.shape[1], isz), "typestr": "|u1", "data": (v.ptr, True),
-        "strides": (v.strides[0] * isz, v.strides[1] * isz, 1), "version": 3}))
+        "strides": (*strides, 1), "version": 3}))
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,10 +147,21 @@ def _checked(view: View, argname: str, byte_strides: tuple | None = None) -> Vie
     if byte_strides is not None and any(s % view.itemsize for s in byte_strides):
         raise ValueError(f"{argname}: strides must be multiples of the element size "
                          f"({view.itemsize} bytes), got {tuple(byte_strides)} bytes")
-    if 0 not in shape and any(s <= 0 and n > 1 for s, n in zip(view.strides, shape)):
+    for i, n in enumerate(shape):
+        if n > MAX_DIM:
+            raise ValueError(f"{argname}: dimension {i} has {n} elements, more than the {MAX_DIM} the "
+                             f"kernels can index (32-bit ints)")
+    if 0 in shape:
+        return view
+    if any(s <= 0 and n > 1 for s, n in zip(view.strides, shape)):
         raise ValueError(f"{argname}: strides must be positive, got {tuple(view.strides)} (in elements) "
                          f"for shape {tuple(shape)}; broadcast (zero-stride) and reversed "
                          f"(negative-stride) views are not supported: pass a copy")
+    span = sum((n - 1) * s for s, n in zip(view.strides, shape)) * view.itemsize + view.itemsize
+    if span > MAX_SPAN or view.ptr + span > 1 << 64:
+        raise ValueError(f"{argname}: shape {tuple(shape)} with strides {tuple(view.strides)} (in elements) "
+                         f"from address {view.ptr:#x} spans {span} bytes, past what any device memory "
+                         f"holds ({MAX_SPAN} bytes) or the 64-bit address space")
     return view
 
 

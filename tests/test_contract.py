@@ -18,6 +18,7 @@ from jitgemm import api, launch, operands
 from jitgemm.heuristics import DeviceSpec
 
 DEVICE_BITS = 44          # fake pointers: device ordinal in the bits above this
+HUGE_PTR = (1 << 44) + (1 << 43)   # a fake pointer on device 0 for arrays too large for fake_ptr
 
 
 class ReachedGPU(Exception):
@@ -164,6 +165,15 @@ BAD = [
     ("stream-negative", lambda: base(stream=-5), TypeError, ["stream:", "-5"]),
     ("config-dict", lambda: base(config={"block_m": 128}), TypeError, ["config:", "KernelConfig", "dict"]),
     ("config-mismatch", lambda: base(config=wrong_config()), ValueError, ["config:", "dtype", "bf16", "fp16"]),
+    # sizes the kernels' 32-bit ints and the 64-bit address space cannot hold (issue 16)
+    ("a-rows-2^31", lambda: base(a=dev((1 << 31, K), ptr=HUGE_PTR)), ValueError, ["a:", "dimension 0", "32-bit"]),
+    ("b-cols-2^31", lambda: base(b=dev((K, 1 << 31), ptr=HUGE_PTR)), ValueError, ["b:", "dimension 1", "32-bit"]),
+    ("k-2^32", lambda: base(a=dev((M, 1 << 32), ptr=HUGE_PTR)), ValueError, ["a:", "dimension 1"]),
+    ("output-2^40", lambda: base(a=dev((1 << 21, 8), ptr=HUGE_PTR), b=dev((8, (1 << 19) + 8), ptr=HUGE_PTR)),
+     ValueError, ["b:", "output elements", "2^40"]),
+    ("a-stride-2^50", lambda: base(a=dev((M, K), strides=(1 << 50, 1), ptr=HUGE_PTR)), ValueError,
+     ["a:", "spans", "bytes"]),
+    ("b-past-2^64", lambda: base(b=dev((K, N), ptr=(1 << 64) - 64)), ValueError, ["b:", "64-bit address space"]),
     ("numpy-float64", lambda: base(a=host((M, K), np.float64), b=host((K, N), np.float64)), TypeError,
      ["a:", "unsupported dtype float64"]),
     ("numpy-mismatch", lambda: base(a=host((M, K)), b=host((K + 3, N))), ValueError, ["b:", f"({K}, N)"]),
@@ -211,6 +221,8 @@ GOOD = [
                                                                   out=buf.window(K, (M, N), (K + N, 1))))(
         dev((M, K + N)))),
     ("size-1-dims-any-stride", lambda: base(a=dev((1, K), strides=(0, 1)), b=dev((K, 1), strides=(1, 0)))),
+    ("largest-dims", lambda: base(a=dev(((1 << 31) - 1024, 16), ptr=HUGE_PTR), b=dev((16, 64)))),
+    ("size-1-dim-huge-stride", lambda: base(a=dev((1, K), strides=(1 << 62, 1)))),
     ("stream-int", lambda: base(stream=7)),
     ("stream-protocol", lambda: base(stream=type("S", (), {"__cuda_stream__": lambda self: (0, 99)})())),
     ("config-that-fits", lambda: base(config=jitgemm.KernelConfig(dtype="fp16", out_dtype="fp16"))),
@@ -442,3 +454,11 @@ def test_dlpack_export_read_by_cuda_core(dtype, legacy):
     del smv
     gc.collect()
     assert alive() is None
+
+
+def test_tensor_maps_refuse_what_tma_cannot_address():
+    from jitgemm import runtime
+    for dims, stride, ptr in [((1 << 33, 8), 16, 0x1000), ((8, 0), 16, 0x1000), ((8, 8), 1 << 40, 0x1000),
+                              ((8, 8), 24, 0x1000), ((8, 8), 16, 0x1008), ((8, 8), 16, 1 << 64)]:
+        with pytest.raises(ValueError, match="tensor map"):
+            runtime.tensor_map_2d("bf16", ptr, *dims, stride, (64, 8), 128)

@@ -845,6 +845,24 @@ def test_a_rows_from_the_env_is_checked_against_m(monkeypatch):
         config_from_env(Problem(4096, 4096, 4096), H200)
 
 
+def test_tile_counts_that_wrap_int32_are_rejected():
+    """The templates count work units and raster groups in 32-bit ints."""
+    huge = Problem(1 << 25, 1 << 15, 64)      # 2^40 output elements, the most a Problem takes
+    with pytest.raises(ValueError, match="exceed"):
+        Problem(1 << 25, (1 << 15) + 1, 64)
+    with pytest.raises(ValueError, match=r"Problem.k must be an int in \[1, 2147482624\]"):
+        Problem(1, 1, 1 << 31)
+    tiny = KernelConfig(block_m=64, block_n=16, num_consumers=1, group_size=16)
+    reasons = check_config(common.with_fields(tiny, split_k=4), huge, H200)
+    assert any("32-bit work unit count" in r for r in reasons), reasons
+    wide = Problem(1, (1 << 31) - 1024, 64)    # one m block, 2^27 n blocks of 16: group 4096 wraps
+    assert any("raster group" in r for r in check_config(common.with_fields(tiny, group_size=4096), wide, H200))
+    # select never picks such a tiling; what it picks passes the checks
+    for p in (huge, wide):
+        cfg = select(p, H200)
+        assert check_config(cfg, p, H200) == [], cfg.name
+
+
 # ----------------------------------------------------------------------------- JITGEMM_CONFIG
 
 
