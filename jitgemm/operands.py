@@ -132,10 +132,14 @@ def _dtype_error(argname: str, got) -> TypeError:
                      f"(float32 for out and c)")
 
 
-def _kernel_dtype(name: str, argname: str) -> str:
-    found = DTYPE_NAMES.get(name)
+def _kernel_dtype(dtype: np.dtype, argname: str) -> str:
+    """The kernel dtype of a NumPy / CuPy dtype; the kernels read native (little-endian) bytes."""
+    found = DTYPE_NAMES.get(dtype.name)
     if found is None:
-        raise _dtype_error(argname, name)
+        raise _dtype_error(argname, dtype.name)
+    if not dtype.isnative:
+        raise TypeError(f"{argname}: {dtype.name} in non-native byte order ({dtype.str!r}) is not "
+                        f"supported; convert it first, e.g. x.astype(x.dtype.newbyteorder('='))")
     return found
 
 
@@ -181,6 +185,9 @@ def _cai_view(obj, argname: str) -> View:
         raise ValueError(f"{argname}: masked arrays (__cuda_array_interface__ 'mask') are not supported")
     shape = tuple(cai["shape"])
     typestr = cai["typestr"]
+    if isinstance(typestr, str) and typestr[:1] == ">":     # jitgemm runs on little-endian hosts only
+        raise TypeError(f"{argname}: non-native (big-endian) byte order is not supported, got "
+                        f"__cuda_array_interface__ typestr {typestr!r}")
     if typestr[1:] in ("f2", "f4") and typestr[0] in "<|=":
         dtype = {"f2": "fp16", "f4": "fp32"}[typestr[1:]]
     elif typestr[1:] == "V2" and str(getattr(obj, "dtype", "")).removeprefix("torch.") == "bfloat16":
@@ -217,7 +224,7 @@ def _dlpack_view(obj, argname: str, stream: int) -> View:
         smv = StridedMemoryView.from_dlpack(obj, stream_ptr=stream)
     except NotImplementedError as exc:   # bfloat16 without ml_dtypes
         raise TypeError(f"{argname}: {exc} (install ml_dtypes for bfloat16 DLPack arrays)") from exc
-    dtype = _kernel_dtype(smv.dtype.name, argname)
+    dtype = _kernel_dtype(np.dtype(smv.dtype), argname)
     shape = tuple(smv.shape)
     if len(shape) != 2:
         raise ValueError(f"{argname}: expected a 2-D array, got {len(shape)}-D with shape {shape}")
@@ -333,7 +340,7 @@ class CupyLib(ArrayLib):
 
     def view(self, array, argname):
         itemsize = array.dtype.itemsize
-        dtype = _kernel_dtype(array.dtype.name, argname)
+        dtype = _kernel_dtype(array.dtype, argname)
         view = View(array, self, array.data.ptr, array.shape, tuple(s // itemsize for s in array.strides),
                     dtype, itemsize, array.data.device_id)
         return _checked(view, argname, array.strides)
@@ -434,7 +441,7 @@ class HostLib(ArrayLib):
 
     def view(self, array, argname):
         itemsize = array.dtype.itemsize
-        dtype = _kernel_dtype(array.dtype.name, argname)
+        dtype = _kernel_dtype(array.dtype, argname)
         view = View(array, self, array.ctypes.data, array.shape, tuple(s // itemsize for s in array.strides),
                     dtype, itemsize, HOST, None, not array.flags.writeable)
         return _checked(view, argname, array.strides)

@@ -174,6 +174,18 @@ BAD = [
     ("a-stride-2^50", lambda: base(a=dev((M, K), strides=(1 << 50, 1), ptr=HUGE_PTR)), ValueError,
      ["a:", "spans", "bytes"]),
     ("b-past-2^64", lambda: base(b=dev((K, N), ptr=(1 << 64) - 64)), ValueError, ["b:", "64-bit address space"]),
+    # non-native byte order: the bytes would be read as little-endian (issue 16)
+    ("numpy-big-endian-a", lambda: base(a=host((M, K), ">f2"), b=host((K, N))), TypeError,
+     ["a:", "float16", "non-native byte order", "'>f2'"]),
+    ("numpy-big-endian-b", lambda: base(a=host((M, K)), b=host((K, N), ">f2")), TypeError, ["b:", "non-native"]),
+    ("numpy-big-endian-out", lambda: base(a=host((M, K)), b=host((K, N)), out=host((M, N), ">f4")), TypeError,
+     ["out:", "non-native"]),
+    ("numpy-big-endian-c", lambda: base(a=host((M, K)), b=host((K, N)), c=host((M, N), ">f2")), TypeError,
+     ["c:", "non-native"]),
+    ("cai-big-endian-f2", lambda: base(a=_typestr(dev((M, K)), ">f2")), TypeError, ["a:", "big-endian", "'>f2'"]),
+    ("cai-big-endian-u2", lambda: base(b=_typestr(dev((K, N)), ">u2")), TypeError, ["b:", "big-endian", "'>u2'"]),
+    ("cai-big-endian-bf16", lambda: base(a=_typestr(dev((M, K), "bf16"), ">V2"), b=dev((K, N), "bf16")), TypeError,
+     ["a:", "big-endian"]),
     ("numpy-float64", lambda: base(a=host((M, K), np.float64), b=host((K, N), np.float64)), TypeError,
      ["a:", "unsupported dtype float64"]),
     ("numpy-mismatch", lambda: base(a=host((M, K)), b=host((K + 3, N))), ValueError, ["b:", f"({K}, N)"]),
@@ -188,6 +200,11 @@ BAD = [
 
 def _byte_strides(fake, strides):
     fake.__cuda_array_interface__["strides"] = strides
+    return fake
+
+
+def _typestr(fake, typestr):
+    fake.__cuda_array_interface__["typestr"] = typestr
     return fake
 
 
@@ -462,3 +479,10 @@ def test_tensor_maps_refuse_what_tma_cannot_address():
                               ((8, 8), 24, 0x1000), ((8, 8), 16, 0x1008), ((8, 8), 16, 1 << 64)]:
         with pytest.raises(ValueError, match="tensor map"):
             runtime.tensor_map_2d("bf16", ptr, *dims, stride, (64, 8), 128)
+
+
+def test_numpy_big_endian_bfloat16_is_refused():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    swapped = np.dtype(ml_dtypes.bfloat16).newbyteorder(">")
+    with pytest.raises(TypeError, match="^a: bfloat16 in non-native byte order"):
+        jitgemm.gemm(np.ones((4, 8), swapped), np.ones((8, 4), ml_dtypes.bfloat16))
