@@ -66,6 +66,26 @@ class Opaque:
     """Not an array at all."""
 
 
+class Hostile:
+    """Every attribute lookup raises something other than AttributeError."""
+    def __getattr__(self, name):
+        raise RuntimeError(f"no {name} for you")
+
+
+class HostileCAI:
+    @property
+    def __cuda_array_interface__(self):
+        raise RuntimeError("the device is gone")
+
+
+class HostileDLPack:
+    def __dlpack__(self, **kw):
+        raise RuntimeError("no export")
+
+    def __dlpack_device__(self):
+        raise RuntimeError("no device")
+
+
 @pytest.fixture(autouse=True)
 def cpu_only(monkeypatch):
     monkeypatch.setenv("JITGEMM_TUNED", "0")     # a tuning file would ask the driver for the device name
@@ -186,6 +206,37 @@ BAD = [
     ("cai-big-endian-u2", lambda: base(b=_typestr(dev((K, N)), ">u2")), TypeError, ["b:", "big-endian", "'>u2'"]),
     ("cai-big-endian-bf16", lambda: base(a=_typestr(dev((M, K), "bf16"), ">V2"), b=dev((K, N), "bf16")), TypeError,
      ["a:", "big-endian"]),
+    # hostile objects, malformed interfaces, scalars that overflow (issue 16)
+    ("a-getattr-raises", lambda: base(a=Hostile()), TypeError, ["a:", "got Hostile"]),
+    ("b-cai-property-raises", lambda: base(b=HostileCAI()), TypeError, ["b:", "got HostileCAI"]),
+    ("c-dlpack-device-raises", lambda: base(c=HostileDLPack()), TypeError, ["c:", "__dlpack_device__"]),
+    ("cai-strides-1-entry", lambda: base(a=_byte_strides(dev((M, K)), (2,))), ValueError,
+     ["a:", "'strides'", "one entry per dimension"]),
+    ("cai-strides-floats", lambda: base(b=_byte_strides(dev((K, N)), (2.0 * N, 2.0))), TypeError,
+     ["b:", "'strides'", "tuple of ints"]),
+    ("cai-strides-2^70", lambda: base(a=_byte_strides(dev((M, K)), (1 << 70, 2))), ValueError, ["a:", "spans"]),
+    ("cai-shape-negative", lambda: base(a=_cai(dev((M, K)), shape=(-M, K))), ValueError, ["a:", "negative"]),
+    ("cai-shape-float", lambda: base(a=_cai(dev((M, K)), shape=(float(M), K))), TypeError, ["a:", "'shape'"]),
+    ("cai-typestr-int", lambda: base(b=_typestr(dev((K, N)), 2)), TypeError, ["b:", "unsupported dtype"]),
+    ("cai-ptr-2^64", lambda: base(a=FakeCAI((M, K), data=(1 << 64, False))), ValueError, ["a:", "64-bit address"]),
+    ("cai-ptr-negative", lambda: base(a=FakeCAI((M, K), data=(-4096, False))), ValueError, ["a:", "pointer"]),
+    ("cai-ptr-str", lambda: base(out=FakeCAI((M, N), data=("4096", False))), TypeError, ["out:", "'data'"]),
+    ("cai-data-3", lambda: base(c=FakeCAI((M, N), data=(4096, False, 0))), TypeError, ["c:", "'data'"]),
+    ("cai-stream-minus-1", lambda: base(a=FakeCAI((M, K), stream=-1)), ValueError, ["a:", "'stream'", "[1, 2^64)"]),
+    ("cai-stream-2^64", lambda: base(b=FakeCAI((K, N), stream=1 << 64)), ValueError, ["b:", "'stream'"]),
+    ("cai-stream-str", lambda: base(a=FakeCAI((M, K), stream="1")), TypeError, ["a:", "'stream'", "'1'"]),
+    ("cai-stream-true", lambda: base(a=FakeCAI((M, K), stream=True)), TypeError, ["a:", "'stream'", "True"]),
+    ("cai-stream-float", lambda: base(out=FakeCAI((M, N), stream=1.5)), TypeError, ["out:", "'stream'"]),
+    ("cai-version-true", lambda: base(b=FakeCAI((K, N), version=True)), ValueError, ["b:", "version True"]),
+    ("alpha-10^400", lambda: base(alpha=10 ** 400), ValueError, ["alpha:", "finite", "float32"]),
+    ("beta-1e39", lambda: base(beta=-1e39), ValueError, ["beta:", "float32"]),
+    ("alpha-nan", lambda: base(alpha=float("nan")), ValueError, ["alpha:", "finite"]),
+    ("beta-inf", lambda: base(beta=np.inf), ValueError, ["beta:", "finite"]),
+    ("stream-true", lambda: base(stream=True), TypeError, ["stream:", "True"]),
+    ("stream-2^64", lambda: base(stream=1 << 64), TypeError, ["stream:", "2^64"]),
+    ("stream-protocol-raises", lambda: base(stream=Hostile()), TypeError, ["stream:", "could not be read"]),
+    ("stream-protocol-huge", lambda: base(stream=type("S", (), {"__cuda_stream__": lambda self: (0, -1)})()),
+     TypeError, ["stream:"]),
     ("numpy-float64", lambda: base(a=host((M, K), np.float64), b=host((K, N), np.float64)), TypeError,
      ["a:", "unsupported dtype float64"]),
     ("numpy-mismatch", lambda: base(a=host((M, K)), b=host((K + 3, N))), ValueError, ["b:", f"({K}, N)"]),
@@ -200,6 +251,11 @@ BAD = [
 
 def _byte_strides(fake, strides):
     fake.__cuda_array_interface__["strides"] = strides
+    return fake
+
+
+def _cai(fake, **fields):
+    fake.__cuda_array_interface__.update(fields)
     return fake
 
 
@@ -300,7 +356,7 @@ def test_stream_handles(stream, handle):
     assert api._stream_handle(stream) == handle
 
 
-@pytest.mark.parametrize("bad", [True, -1, 1.5, "0", None])
+@pytest.mark.parametrize("bad", [True, -1, 1.5, "0", None, 1 << 64])
 def test_stream_handle_rejects(bad):
     with pytest.raises(TypeError, match="^stream:"):
         api._stream_handle(bad)
