@@ -262,8 +262,9 @@ def config_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec,
                     arch_rules: Callable[[KernelConfig], list[str]] | None = None) -> list[str]:
     """The checks of every arch's `check_config`, in words (empty when `cfg` can run): the
     field mismatches, the fit of the tiling to the shape (`shape_problems`), the arch's
-    structural rules (`structural(cfg)`, its layout module's structural_problems), the arch's own rules (`arch_rules(cfg)`), and, for a structurally
-    sound config, the shared memory of its layout (`layout_of_cfg(cfg)`) against the device's.
+    structural rules (`structural(cfg)`, its layout module's structural_problems), the arch's
+    own rules (`arch_rules(cfg)`), and, for a structurally sound config, the shared memory of
+    its layout (`layout_of_cfg(cfg)`) against the device's.
     """
     out = field_mismatches(cfg, problem, device) + shape_problems(cfg, problem, device)
     found = structural(cfg)

@@ -827,6 +827,23 @@ def test_require_valid_raises_with_reasons():
     assert heuristics.require_valid(_cfg(), p, H200) == _cfg()
 
 
+@pytest.mark.parametrize("field, value", [
+    ("num_stages", float("nan")), ("num_consumers", True), ("num_consumers", 1.0), ("cluster_size", 2.0),
+    ("swap_ab", [1]), ("has_c", 1), ("arch", 90), ("block_m", "128"), ("split_k", None),
+])
+def test_kernel_config_fields_have_exact_types(field, value):
+    with pytest.raises(ValueError, match=f"invalid KernelConfig: {field} must be (int|bool|str), got"):
+        KernelConfig(**{field: value})
+    with pytest.raises(ValueError, match=field):
+        KernelConfig.from_dict({field: value})
+
+
+def test_kernel_config_from_dict_needs_a_mapping():
+    for data in ([1], "x", None, 3):
+        with pytest.raises(ValueError, match="must be a mapping"):
+            KernelConfig.from_dict(data)
+
+
 def test_a_rows_must_cover_every_row_of_m():
     """a_rows loads only that many rows of A per tile: valid only when the kernel's M fits them
     (issue 16: a_rows=8 for M=4096 loaded 8 of 128 rows and stored all of them)."""
@@ -929,6 +946,8 @@ def test_env_split_k(monkeypatch):
     ("{not json", "JITGEMM_CONFIG must be a JSON object"),
     ("[1, 2]", "JITGEMM_CONFIG must be a JSON object"),
     ('{"block_q": 1}', r"JITGEMM_CONFIG: unknown KernelConfig fields \['block_q'\]"),
+    ("[" * 100_000, r"JITGEMM_CONFIG must be a JSON object .*: not valid JSON \(nested too deeply\)"),
+    ('{"num_stages": NaN}', "JITGEMM_CONFIG: field 'num_stages' must be int"),
     ('{"block_n": "128"}', "JITGEMM_CONFIG: field 'block_n' must be int"),
     ('{"has_c": 1}', "JITGEMM_CONFIG: field 'has_c' must be bool"),
     ('{"block_n": 100}', "JITGEMM_CONFIG=.*block_n must be a multiple of 16"),
