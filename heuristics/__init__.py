@@ -13,11 +13,10 @@ the search and ranking plumbing) in `common`.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import fields
 
-from jitgemm.config import KernelConfig
+from jitgemm.config import KernelConfig, parse_json
 from jitgemm.problem import Problem
 
 from . import sm90
@@ -86,10 +85,7 @@ _TILE_FIELDS = ("block_m", "block_n", "num_consumers", "cluster_size", "multicas
 
 
 def _parse_env(text: str) -> dict:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{ENV_VAR} must be a JSON object of KernelConfig fields: {exc}") from None
+    data = parse_json(text, f"{ENV_VAR} must be a JSON object of KernelConfig fields")
     if not isinstance(data, dict):
         raise ValueError(f"{ENV_VAR} must be a JSON object of KernelConfig fields, got {type(data).__name__}")
     unknown = sorted(k for k in data if k not in _FIELD_TYPES)

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
 from jitgemm.config import KernelConfig
-from jitgemm.layout import SMEM_CAPACITY, layout_of
+from jitgemm.layout import SMEM_CAPACITY, kernel_shape, layout_of
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 # ----------------------------------------------------------------------------- device
@@ -233,15 +233,40 @@ def field_mismatches(cfg: KernelConfig, problem: Problem, device: DeviceSpec) ->
     return out
 
 
+INT32_MAX = (1 << 31) - 1
+
+
+def shape_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
+    """Where `cfg`'s tiling does not fit `problem`'s shape, in words: a_rows short of the rows
+    the kernel stores, and 32-bit tile arithmetic that would wrap (the templates count work
+    units, tiles x splits, in int and step past the last by the grid, and a raster group spans
+    group_size rows or columns of tiles). Problem's size limits keep the tilings the heuristics
+    choose clear of the latter; forced configs (a huge split_k or group_size) are not."""
+    out = []
+    km, kn = kernel_shape(cfg, problem.m, problem.n)
+    if cfg.a_rows and km > cfg.a_rows:
+        out.append(f"a_rows={cfg.a_rows} loads only that many rows of A per tile, but M={km} needs every "
+                   f"row of its tiles (a_rows is for M <= a_rows: one m block)")
+    num_m, num_n = ceil_div(km, cfg.block_m), ceil_div(kn, cfg.block_n)
+    if num_m * num_n * cfg.split_k + device.num_sms > INT32_MAX:
+        out.append(f"{num_m} x {num_n} tiles x {cfg.split_k} splits overflow the kernel's 32-bit work "
+                   f"unit count (use larger tiles)")
+    if cfg.group_size * max(num_m, num_n) > INT32_MAX:
+        out.append(f"a raster group of {cfg.group_size} x {max(num_m, num_n)} tiles overflows the "
+                   f"kernel's 32-bit tile index (use larger tiles or a smaller group_size)")
+    return out
+
+
 def config_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec,
                     structural: Callable[[KernelConfig], list[str]], layout_of_cfg: Callable,
                     arch_rules: Callable[[KernelConfig], list[str]] | None = None) -> list[str]:
     """The checks of every arch's `check_config`, in words (empty when `cfg` can run): the
-    field mismatches, the arch's structural rules (`structural(cfg)`, its layout module's
-    structural_problems), the arch's own rules (`arch_rules(cfg)`), and, for a structurally
-    sound config, the shared memory of its layout (`layout_of_cfg(cfg)`) against the device's.
+    field mismatches, the fit of the tiling to the shape (`shape_problems`), the arch's
+    structural rules (`structural(cfg)`, its layout module's structural_problems), the arch's
+    own rules (`arch_rules(cfg)`), and, for a structurally sound config, the shared memory of
+    its layout (`layout_of_cfg(cfg)`) against the device's.
     """
-    out = field_mismatches(cfg, problem, device)
+    out = field_mismatches(cfg, problem, device) + shape_problems(cfg, problem, device)
     found = structural(cfg)
     out.extend(found)
     if arch_rules is not None:

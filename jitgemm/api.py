@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import math
 import numbers
 import threading
 import warnings
@@ -16,7 +17,7 @@ from .config import KernelConfig
 from .heuristics import DeviceSpec
 from .operands import (GENERIC, HOST, LEGACY_STREAM, NUMPY_NAMES, TMA_ALIGN, UNRESOLVED, View, describe,
                        lib_of, needs_consumer_stream, overlaps, resolve_device, stream_wait)
-from .problem import Problem
+from .problem import MAX_OUTPUT_ELEMENTS, Problem
 
 # Compute capability 9.0 -> sm_90a kernels (run and verified on an H200); 10.0 -> sm_100a
 # kernels (compiled and SASS-checked only: never run on Blackwell hardware yet).
@@ -57,8 +58,11 @@ def _out_dtype_name(out_dtype, input_dtype: str) -> str:
     else:
         try:
             name = np.dtype(out_dtype).name      # NumPy / CuPy / ml_dtypes dtypes and types
-        except TypeError:
-            name = str(out_dtype)                # torch.float32, ...
+        except Exception:
+            try:
+                name = str(out_dtype)            # torch.float32, ...
+            except Exception:
+                name = ""
     name = _DTYPE_ALIASES.get(name.removeprefix("torch."))
     if name not in (input_dtype, "fp32"):
         raise TypeError(f"out_dtype: expected None, the input dtype ({NUMPY_NAMES[input_dtype]}) or "
@@ -68,25 +72,45 @@ def _out_dtype_name(out_dtype, input_dtype: str) -> str:
 
 def _stream_handle(stream) -> int:
     """The raw CUstream of a stream object or handle."""
+    try:
+        handle = _stream_value(stream)
+    except Exception as exc:     # a stream object whose attributes or protocol raise
+        raise TypeError(f"stream: {stream!r} could not be read as a CUDA stream: {exc}") from exc
+    if isinstance(handle, int) and not isinstance(handle, bool) and 0 <= handle < 1 << 64:
+        return handle
+    raise TypeError(f"stream: expected None, a CuPy / PyTorch / cuda.core stream, an object with "
+                    f"__cuda_stream__, or a raw CUstream handle (int in [0, 2^64)), got {stream!r}")
+
+
+def _stream_value(stream):
+    """The handle `stream` names (unchecked), or `stream` itself when it names none."""
+    if isinstance(stream, (int, driver.CUstream)):
+        return int(stream) if isinstance(stream, driver.CUstream) else stream
     protocol = getattr(stream, "__cuda_stream__", None)
     if protocol is not None:                        # cuda.core and other protocol streams
-        return int(protocol()[1])
+        return protocol()[1]
     for attr in ("cuda_stream", "ptr"):             # torch.cuda.Stream, cupy.cuda.Stream
         value = getattr(stream, attr, None)
         if isinstance(value, int):
             return value
-    if isinstance(stream, driver.CUstream):
-        return int(stream)
-    if isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0:
-        return stream
-    raise TypeError(f"stream: expected None, a CuPy / PyTorch / cuda.core stream, an object with "
-                    f"__cuda_stream__, or a raw CUstream handle (int >= 0), got {stream!r}")
+    return stream
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _scalar(value, argname: str) -> float:
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
-    raise TypeError(f"{argname}: expected a real number (int or float), got {type(value).__name__} {value!r}")
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{argname}: expected a real number (int or float), got {type(value).__name__} {value!r}")
+    try:
+        x = float(value)
+    except (OverflowError, ValueError, TypeError):
+        x = math.inf
+    # The kernels take float32: a larger finite value would silently become inf.
+    if not math.isfinite(x) or abs(x) > FLOAT32_MAX:
+        raise ValueError(f"{argname}: expected a finite real number representable in float32 "
+                         f"(|x| <= {FLOAT32_MAX:.8g}), got {value!r}")
+    return x
 
 
 # --------------------------------------------------------------------------------------------
@@ -374,9 +398,10 @@ def gemm(a, b, out=None, *, c=None, alpha=1.0, beta=1.0, out_dtype=None, stream=
         (row-major, TMA-aligned; other layouts are copied first, with a one-time warning).
         With ``beta == 0`` it is not read (BLAS convention: NaNs in `c` do not propagate).
     alpha : real number, default 1.0 (keyword-only)
-        Scales ``a @ b``; passed to the kernel as float32.
+        Scales ``a @ b``; passed to the kernel as float32, so it must be finite and within
+        float32's range (ValueError otherwise).
     beta : real number, default 1.0 (keyword-only)
-        Scales `c`; ignored without `c`. Passed to the kernel as float32.
+        Scales `c`; ignored without `c`. Passed to the kernel as float32 (finite, in range).
     out_dtype : None, float32 or the input dtype (keyword-only)
         The result dtype when `out` is not given (None: the input dtype). Accepts NumPy /
         CuPy / torch dtypes or their names ("float32", "bfloat16", "float16").
@@ -465,6 +490,9 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
     if kb != k:
         raise ValueError(f"b: expected shape ({k}, N) so that its rows match the {k} columns of a "
                          f"(a has shape {va.shape}), got shape {vb.shape}")
+    if m * n > MAX_OUTPUT_ELEMENTS:
+        raise ValueError(f"b: a {va.shape} @ b {vb.shape} has {m * n} output elements, more than the "
+                         f"{MAX_OUTPUT_ELEMENTS} (2^40) the kernels can count in 32-bit tiles")
     odt = _out_dtype_name(out_dtype, va.dtype)
     vo = None
     if out is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import sys
@@ -16,15 +17,16 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import click
 
 from . import __version__, compiler, heuristics, kernels, runtime
 from .cache import CacheWarning, CorruptEntry, KernelCache, UnsafeError, offline_mode, read_entry
-from .config import ARCHS, KernelConfig
+from .config import ARCHS, KernelConfig, parse_json
 from .heuristics import DeviceSpec
-from .problem import INPUT_DTYPES, LAYOUTS, OUTPUT_DTYPES, Problem
+from .problem import INPUT_DTYPES, LAYOUTS, MAX_DIM, OUTPUT_DTYPES, Problem
 from .render import kernel_name
 
 # SM counts assumed when the target arch is not the local GPU's: H100/H200 SXM and B200.
@@ -47,6 +49,9 @@ def main(ctx: click.Context):
 
 # ---- option types ----
 
+MAX_SIZES = 1_000_000     # sizes one --m/--n/--k list may give, and shapes their combinations
+
+
 def parse_int_list(text: str) -> list[int]:
     """'1,128,4096' and ranges 'start:stop[:step]' (stop included when reached) -> sizes."""
     values = []
@@ -67,10 +72,13 @@ def parse_int_list(text: str) -> list[int]:
         start, stop, step = numbers if len(numbers) == 3 else (*numbers, 1)
         if step < 1 or stop < start:
             raise ValueError(f"range {item!r} needs start <= stop and step >= 1")
-        values.extend(range(start, stop + 1, step))
-    bad = [v for v in values if v < 1]
+        sizes = range(start, stop + 1, step)
+        if len(values) + len(sizes) > MAX_SIZES:    # checked before the range is materialised
+            raise ValueError(f"{text!r} gives more than {MAX_SIZES} sizes")
+        values.extend(sizes)
+    bad = [v for v in values if not 1 <= v <= MAX_DIM]
     if bad:
-        raise ValueError(f"sizes must be positive, got {bad[0]}")
+        raise ValueError(f"sizes must be positive and at most {MAX_DIM}, got {bad[0]}")
     return list(dict.fromkeys(values))
 
 
@@ -83,7 +91,10 @@ def parse_duration(text: str) -> float:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
     if not match:
         raise ValueError(f"expected a number and a unit (s, m, h, d or w), e.g. 30d, got {text!r}")
-    return float(match[1]) * _DURATION_UNITS[match[2]]
+    seconds = float(match[1]) * _DURATION_UNITS[match[2]]
+    if not math.isfinite(seconds):
+        raise ValueError(f"{text!r} is too long a duration")
+    return seconds
 
 
 def parse_size(text: str) -> int:
@@ -91,7 +102,10 @@ def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
     if not match:
         raise ValueError(f"expected a size such as 2G, 500M or 4096 (bytes), got {text!r}")
-    return int(float(match[1]) * _SIZE_UNITS[match[2]])
+    size = int(Fraction(match[1]) * _SIZE_UNITS[match[2]])    # exact: no float overflow
+    if size >= 1 << 63:
+        raise ValueError(f"{text!r} is more than 2^63 - 1 bytes")
+    return size
 
 
 class _Parsed(click.ParamType):
@@ -219,10 +233,7 @@ def read_shape_file(path: Path) -> list[ShapeSpec]:
     text = path.read_text()
     suffix = path.suffix.lower()
     if suffix == ".json":
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        data = parse_json(text, str(path))
         if isinstance(data, dict) and "shapes" in data:
             data = data["shapes"]
         if not isinstance(data, list):
@@ -293,6 +304,9 @@ def _shape_problems(shapes_file, ms, ns, ks, dtype, out_dtype, layout, other_sou
     if any(v is not None for v in given.values()) and not all(v is not None for v in given.values()):
         missing = [name for name, v in given.items() if v is None]
         raise click.UsageError(f"--m, --n and --k go together; missing {', '.join(missing)}")
+    if ms is not None and len(ms) * len(ns) * len(ks) > MAX_SIZES:
+        raise click.UsageError(f"--m, --n and --k give {len(ms) * len(ns) * len(ks)} shapes, more than "
+                               f"{MAX_SIZES}; precompile fewer at a time")
     specs = [ShapeSpec(m, n, k) for m in ms for n in ns for k in ks] if ms is not None else []
     if shapes_file is not None:
         try:
@@ -358,7 +372,7 @@ def precompile(shapes_file, ms, ns, ks, dtype, out_dtype, layout, arch, num_sms,
     exact = []
     for text in configs:
         try:
-            exact.append(KernelConfig.from_dict(json.loads(text)))
+            exact.append(KernelConfig.from_dict(parse_json(text, "KernelConfig JSON")))
         except (ValueError, TypeError) as exc:
             raise click.BadParameter(f"{exc} (in {text!r})", param_hint="--config") from None
     try:
@@ -462,15 +476,18 @@ def _print_precompile(summary: dict, device: DeviceSpec | None) -> None:
 # ---- explain ----
 
 @main.command()
-@click.argument("m", type=click.IntRange(min=1))
-@click.argument("n", type=click.IntRange(min=1))
-@click.argument("k", type=click.IntRange(min=1))
+@click.argument("m", type=click.IntRange(min=1, max=MAX_DIM))
+@click.argument("n", type=click.IntRange(min=1, max=MAX_DIM))
+@click.argument("k", type=click.IntRange(min=1, max=MAX_DIM))
 @_problem_options
 @click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
 def explain(m, n, k, dtype, out_dtype, layout, arch, num_sms, as_json):
     """Show the kernel the heuristics pick for an M x N x K GEMM, the best candidates and why
     others were rejected."""
-    problem = _problem(m, n, k, dtype, out_dtype, layout)
+    try:
+        problem = _problem(m, n, k, dtype, out_dtype, layout)
+    except ValueError as exc:      # M x N beyond what the kernels count
+        raise click.UsageError(str(exc)) from None
     device = _target(arch, num_sms)
     explain_fn = getattr(heuristics, "explain", None)
     if explain_fn is None:

@@ -9,6 +9,20 @@ from .problem import A_MAJORS, B_MAJORS, DTYPE_BYTES, INPUT_DTYPES, OUTPUT_DTYPE
 ARCHS = ("sm_90a", "sm_100a")
 
 
+def _exact(value, want: type) -> bool:
+    """`value` is a `want` (an int that is not a bool, for int)."""
+    return isinstance(value, want) and (want is bool or not isinstance(value, bool))
+
+
+def parse_json(text: str, source: str):
+    """json.loads, with every way the text can fail (deep nesting too) a ValueError naming `source`."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ValueError(f"{source}: not valid JSON ({reason})") from None
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     arch: str = "sm_90a"
@@ -41,7 +55,12 @@ class KernelConfig:
 
     def problems(self) -> list[str]:
         """Structural checks that hold for every arch; arch rules add their own."""
-        out = []
+        # Exact types first (1.0 or True is no block size, a list no flag): the checks below
+        # compare and multiply the fields.
+        out = [f"{f.name} must be {f.type}, got {type(value).__name__} {value!r}"
+               for f in fields(self) if not _exact(value := getattr(self, f.name), type(f.default))]
+        if out:
+            return out
         if self.arch not in ARCHS:
             out.append(f"arch must be one of {ARCHS}, got {self.arch!r}")
         if self.dtype not in INPUT_DTYPES:
@@ -87,8 +106,10 @@ class KernelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "KernelConfig":
+        if not isinstance(data, dict):
+            raise ValueError(f"KernelConfig fields must be a mapping (a JSON object), got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(map(str, set(data) - known))
         if unknown:
             raise ValueError(f"unknown KernelConfig fields {unknown}; known: {sorted(known)}")
         return cls(**data)

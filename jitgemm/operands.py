@@ -27,6 +27,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .problem import MAX_DIM
+
 # numpy-style dtype names -> kernel dtype names
 DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 NUMPY_NAMES = {v: k for k, v in DTYPE_NAMES.items()}
@@ -35,6 +37,8 @@ TMA_ALIGN = 16           # bytes: TMA needs 16-byte aligned base addresses and l
 LEGACY_STREAM = 1        # CU_STREAM_LEGACY; also the CAI / DLPack code for the legacy default stream
 HOST = -1                # View.device of a host (NumPy) array
 UNRESOLVED = -2          # View.device of a raw CUDA-array-interface pointer not yet looked up
+MAX_SPAN = 1 << 48       # bytes from an array's first to its last element: more than any device
+                         # holds, and far from wrapping the 64-bit address arithmetic done on them
 
 
 @dataclass(frozen=True)
@@ -113,9 +117,11 @@ class _ArrayInterface:
 
 def _stand_in(v: View) -> np.ndarray:
     isz = v.itemsize
+    # the stride of a dimension of one element is never stepped (and may be anything)
+    strides = tuple(s * isz if n > 1 else 0 for s, n in zip(v.strides, v.shape))
     return np.asarray(_ArrayInterface({
         "shape": (v.shape[0], v.shape[1], isz), "typestr": "|u1", "data": (v.ptr, True),
-        "strides": (v.strides[0] * isz, v.strides[1] * isz, 1), "version": 3}))
+        "strides": (*strides, 1), "version": 3}))
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,10 +132,14 @@ def _dtype_error(argname: str, got) -> TypeError:
                      f"(float32 for out and c)")
 
 
-def _kernel_dtype(name: str, argname: str) -> str:
-    found = DTYPE_NAMES.get(name)
+def _kernel_dtype(dtype: np.dtype, argname: str) -> str:
+    """The kernel dtype of a NumPy / CuPy dtype; the kernels read native (little-endian) bytes."""
+    found = DTYPE_NAMES.get(dtype.name)
     if found is None:
-        raise _dtype_error(argname, name)
+        raise _dtype_error(argname, dtype.name)
+    if not dtype.isnative:
+        raise TypeError(f"{argname}: {dtype.name} in non-native byte order ({dtype.str!r}) is not "
+                        f"supported; convert it first, e.g. x.astype(x.dtype.newbyteorder('='))")
     return found
 
 
@@ -141,11 +151,56 @@ def _checked(view: View, argname: str, byte_strides: tuple | None = None) -> Vie
     if byte_strides is not None and any(s % view.itemsize for s in byte_strides):
         raise ValueError(f"{argname}: strides must be multiples of the element size "
                          f"({view.itemsize} bytes), got {tuple(byte_strides)} bytes")
-    if 0 not in shape and any(s <= 0 and n > 1 for s, n in zip(view.strides, shape)):
+    for i, n in enumerate(shape):
+        if n > MAX_DIM:
+            raise ValueError(f"{argname}: dimension {i} has {n} elements, more than the {MAX_DIM} the "
+                             f"kernels can index (32-bit ints)")
+    if 0 in shape:
+        return view
+    if any(s <= 0 and n > 1 for s, n in zip(view.strides, shape)):
         raise ValueError(f"{argname}: strides must be positive, got {tuple(view.strides)} (in elements) "
                          f"for shape {tuple(shape)}; broadcast (zero-stride) and reversed "
                          f"(negative-stride) views are not supported: pass a copy")
+    span = sum((n - 1) * s for s, n in zip(view.strides, shape)) * view.itemsize + view.itemsize
+    if span > MAX_SPAN or view.ptr + span > 1 << 64:
+        raise ValueError(f"{argname}: shape {tuple(shape)} with strides {tuple(view.strides)} (in elements) "
+                         f"from address {view.ptr:#x} spans {span} bytes, past what any device memory "
+                         f"holds ({MAX_SPAN} bytes) or the 64-bit address space")
     return view
+
+
+def _has(obj, name: str) -> bool:
+    """hasattr, reading an object whose attribute lookup raises anything as lacking `name`."""
+    try:
+        return hasattr(obj, name)
+    except Exception:
+        return False
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _ints(value, argname: str, what: str) -> tuple:
+    """`value` as a tuple of Python ints, or TypeError naming `argname` and `what`."""
+    if not isinstance(value, (tuple, list)) or not all(_is_int(v) for v in value):
+        raise TypeError(f"{argname}: __cuda_array_interface__ {what!r} must be a tuple of ints, got {value!r}")
+    return tuple(int(v) for v in value)
+
+
+def _cai_stream(stream, argname: str) -> int | None:
+    """The CAI v3 'stream': None, 1 (legacy default), 2 (per-thread default) or a CUstream."""
+    if stream is None:
+        return None
+    if not _is_int(stream):
+        raise TypeError(f"{argname}: __cuda_array_interface__ 'stream' must be None or an int, got {stream!r}")
+    if stream == 0:
+        raise ValueError(f"{argname}: __cuda_array_interface__ 'stream' must not be 0 (the spec reserves it); "
+                         f"use 1 for the legacy default stream")
+    if not 0 < stream < 1 << 64:
+        raise ValueError(f"{argname}: __cuda_array_interface__ 'stream' must be a CUstream handle in "
+                         f"[1, 2^64), got {stream!r}")
+    return int(stream)
 
 
 def _cai_view(obj, argname: str) -> View:
@@ -157,34 +212,55 @@ def _cai_view(obj, argname: str) -> View:
         raise TypeError(f"{argname}: expected __cuda_array_interface__ to be a dict with 'shape', "
                         f"'typestr' and 'data', got {cai!r}")
     version = cai.get("version", 0)
-    if version not in (0, 1, 2, 3):
+    if not _is_int(version) or version not in (0, 1, 2, 3):
         raise ValueError(f"{argname}: __cuda_array_interface__ version {version!r} is not supported; "
                          f"expected version 3 (or 0-2)")
     if cai.get("mask") is not None:
         raise ValueError(f"{argname}: masked arrays (__cuda_array_interface__ 'mask') are not supported")
-    shape = tuple(cai["shape"])
+    shape = _ints(cai["shape"], argname, "shape")
+    if any(n < 0 for n in shape):
+        raise ValueError(f"{argname}: __cuda_array_interface__ 'shape' must not be negative, got {shape}")
     typestr = cai["typestr"]
+    if not isinstance(typestr, str):
+        raise _dtype_error(argname, f"{typestr!r} (__cuda_array_interface__ typestr)")
+    if typestr[:1] == ">":     # jitgemm runs on little-endian hosts only
+        raise TypeError(f"{argname}: non-native (big-endian) byte order is not supported, got "
+                        f"__cuda_array_interface__ typestr {typestr!r}")
     if typestr[1:] in ("f2", "f4") and typestr[0] in "<|=":
         dtype = {"f2": "fp16", "f4": "fp32"}[typestr[1:]]
-    elif typestr[1:] == "V2" and str(getattr(obj, "dtype", "")).removeprefix("torch.") == "bfloat16":
+    elif typestr[1:] == "V2" and _bfloat16_named(obj):
         dtype = "bf16"  # bfloat16 has no typestr of its own; the array's dtype names it
     else:
         raise _dtype_error(argname, f"{typestr!r} (__cuda_array_interface__ typestr)")
     itemsize = ITEMSIZE[dtype]
     if len(shape) != 2:
         raise ValueError(f"{argname}: expected a 2-D array, got {len(shape)}-D with shape {shape}")
-    ptr, readonly = cai["data"]
+    data = cai["data"]
+    if not (isinstance(data, (tuple, list)) and len(data) == 2 and _is_int(data[0])
+            and isinstance(data[1], (bool, np.bool_, int))):
+        raise TypeError(f"{argname}: __cuda_array_interface__ 'data' must be (pointer: int, read-only: bool), "
+                        f"got {data!r}")
+    ptr, readonly = int(data[0]), bool(data[1])
+    if not 0 <= ptr < 1 << 64:
+        raise ValueError(f"{argname}: __cuda_array_interface__ pointer {ptr:#x} is not a 64-bit address")
     byte_strides = cai.get("strides")
     if byte_strides is None:
         byte_strides = (shape[1] * itemsize, itemsize)
-    byte_strides = tuple(byte_strides)
-    stream = cai.get("stream")
-    if stream == 0:
-        raise ValueError(f"{argname}: __cuda_array_interface__ 'stream' must not be 0 (the spec reserves it); "
-                         f"use 1 for the legacy default stream")
-    view = View(obj, GENERIC, int(ptr), shape, tuple(s // itemsize for s in byte_strides), dtype,
-                itemsize, UNRESOLVED, stream, bool(readonly))
+    byte_strides = _ints(byte_strides, argname, "strides")
+    if len(byte_strides) != len(shape):
+        raise ValueError(f"{argname}: __cuda_array_interface__ 'strides' {byte_strides} must have one entry "
+                         f"per dimension of shape {shape}")
+    stream = _cai_stream(cai.get("stream"), argname)
+    view = View(obj, GENERIC, ptr, shape, tuple(s // itemsize for s in byte_strides), dtype,
+                itemsize, UNRESOLVED, stream, readonly)
     return _checked(view, argname, byte_strides)
+
+
+def _bfloat16_named(obj) -> bool:
+    try:
+        return str(getattr(obj, "dtype", "")).removeprefix("torch.") == "bfloat16"
+    except Exception:
+        return False
 
 
 _DLPACK_DEVICE_TYPES = {2: "CUDA", 13: "CUDA managed"}   # kDLCUDA, kDLCUDAManaged
@@ -192,7 +268,10 @@ _DLPACK_DEVICE_TYPES = {2: "CUDA", 13: "CUDA managed"}   # kDLCUDA, kDLCUDAManag
 
 def _dlpack_view(obj, argname: str, stream: int) -> View:
     from cuda.core.utils import StridedMemoryView
-    device_type, _ = obj.__dlpack_device__()
+    try:
+        device_type, _ = obj.__dlpack_device__()
+    except Exception as exc:
+        raise TypeError(f"{argname}: its __dlpack_device__() did not give (device type, id): {exc}") from exc
     if device_type not in _DLPACK_DEVICE_TYPES:
         raise ValueError(f"{argname}: expected a CUDA device array or a NumPy array, got a "
                          f"{type(obj).__name__} on DLPack device type {device_type} (not CUDA memory)")
@@ -200,7 +279,9 @@ def _dlpack_view(obj, argname: str, stream: int) -> View:
         smv = StridedMemoryView.from_dlpack(obj, stream_ptr=stream)
     except NotImplementedError as exc:   # bfloat16 without ml_dtypes
         raise TypeError(f"{argname}: {exc} (install ml_dtypes for bfloat16 DLPack arrays)") from exc
-    dtype = _kernel_dtype(smv.dtype.name, argname)
+    except Exception as exc:             # whatever the producer's __dlpack__ raises or returns
+        raise TypeError(f"{argname}: its DLPack export failed: {type(exc).__name__}: {exc}") from exc
+    dtype = _kernel_dtype(np.dtype(smv.dtype), argname)
     shape = tuple(smv.shape)
     if len(shape) != 2:
         raise ValueError(f"{argname}: expected a 2-D array, got {len(shape)}-D with shape {shape}")
@@ -216,9 +297,9 @@ def describe(obj, argname: str, stream: int = LEGACY_STREAM) -> View:
     lib = lib_of(obj)
     if lib is not None:
         return lib.view(obj, argname)
-    if hasattr(obj, "__cuda_array_interface__"):
+    if _has(obj, "__cuda_array_interface__"):
         return _cai_view(obj, argname)
-    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+    if _has(obj, "__dlpack__") and _has(obj, "__dlpack_device__"):
         return _dlpack_view(obj, argname, stream)
     raise TypeError(f"{argname}: expected a CuPy array, a PyTorch CUDA tensor, a NumPy array or an "
                     f"object with __cuda_array_interface__ or __dlpack__, got {type(obj).__name__}")
@@ -226,8 +307,8 @@ def describe(obj, argname: str, stream: int = LEGACY_STREAM) -> View:
 
 def needs_consumer_stream(obj) -> bool:
     """Whether describing `obj` hands a stream to its producer (DLPack-only objects)."""
-    return (lib_of(obj) is None and not hasattr(obj, "__cuda_array_interface__")
-            and hasattr(obj, "__dlpack__"))
+    return (lib_of(obj) is None and not _has(obj, "__cuda_array_interface__")
+            and _has(obj, "__dlpack__"))
 
 
 def pointer_device(ptr: int) -> int:
@@ -316,7 +397,7 @@ class CupyLib(ArrayLib):
 
     def view(self, array, argname):
         itemsize = array.dtype.itemsize
-        dtype = _kernel_dtype(array.dtype.name, argname)
+        dtype = _kernel_dtype(array.dtype, argname)
         view = View(array, self, array.data.ptr, array.shape, tuple(s // itemsize for s in array.strides),
                     dtype, itemsize, array.data.device_id)
         return _checked(view, argname, array.strides)
@@ -417,7 +498,7 @@ class HostLib(ArrayLib):
 
     def view(self, array, argname):
         itemsize = array.dtype.itemsize
-        dtype = _kernel_dtype(array.dtype.name, argname)
+        dtype = _kernel_dtype(array.dtype, argname)
         view = View(array, self, array.ctypes.data, array.shape, tuple(s // itemsize for s in array.strides),
                     dtype, itemsize, HOST, None, not array.flags.writeable)
         return _checked(view, argname, array.strides)

@@ -8,6 +8,13 @@ INPUT_DTYPES = ("bf16", "fp16")
 OUTPUT_DTYPES = ("bf16", "fp16", "fp32")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
+# Size limits. The kernels take M, N, K as 32-bit ints and compute tile origins up to one tile
+# (at most 512 wide) past the last row or column: each dimension leaves room for that. The
+# output's elements bound the tile count, also a 32-bit int (heuristics.common.shape_problems):
+# 2^40 elements, more than any GPU holds, still leave tiles of 128 x 256 far below 2^31.
+MAX_DIM = (1 << 31) - 1024
+MAX_OUTPUT_ELEMENTS = 1 << 40
+
 # Operand majors: which dimension is contiguous in memory.
 #   A is (M, K): "K" = row-major a, "M" = a transposed view of a contiguous (K, M) array.
 #   B is (K, N): "N" = row-major b, "K" = a transposed view of a contiguous (N, K) array.
@@ -34,8 +41,12 @@ class Problem:
     def __post_init__(self):
         for name in ("m", "n", "k"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"Problem.{name} must be a positive int, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DIM:
+                raise ValueError(f"Problem.{name} must be an int in [1, {MAX_DIM}] (the kernels index "
+                                 f"in 32 bits), got {value!r}")
+        if self.m * self.n > MAX_OUTPUT_ELEMENTS:
+            raise ValueError(f"Problem: M x N = {self.m} x {self.n} output elements exceed {MAX_OUTPUT_ELEMENTS} "
+                             f"(2^40; the kernels count tiles in 32 bits)")
         if self.dtype not in INPUT_DTYPES:
             raise ValueError(f"Problem.dtype must be one of {INPUT_DTYPES}, got {self.dtype!r}")
         if self.out_dtype not in OUTPUT_DTYPES:

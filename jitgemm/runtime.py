@@ -138,6 +138,12 @@ TENSOR_MAP_CACHE_SIZE = 4096
 def tensor_map_2d(dtype: str, ptr: int, inner: int, outer: int, outer_stride_bytes: int,
                   box: tuple, swizzle: int):
     """A 2-D tiled TMA descriptor (reused across calls with the same pointer and geometry)."""
+    # TMA's limits, checked here rather than left to the driver's error or a wrapped integer
+    if not (1 <= inner <= 1 << 32 and 1 <= outer <= 1 << 32):
+        raise ValueError(f"tensor map dims ({inner}, {outer}) must be in [1, 2^32]")
+    if not (0 < outer_stride_bytes < 1 << 40 and outer_stride_bytes % 16 == 0) or not 0 <= ptr < 1 << 64 or ptr % 16:
+        raise ValueError(f"tensor map stride {outer_stride_bytes} must be a multiple of 16 below 2^40 and "
+                         f"address {ptr:#x} 16-byte aligned")
     key = (dtype, ptr, inner, outer, outer_stride_bytes, box, swizzle)
     with _tensor_maps_lock:
         found = _tensor_maps.get(key)

@@ -100,6 +100,36 @@ def test_bad_options_name_the_option(tmp_cache):
     assert result.exit_code == 2 and "no shapes" in result.stderr
 
 
+def test_huge_and_malformed_values_are_usage_errors(tmp_cache, no_gpu):
+    """Issue 16: each of these raised a traceback (OverflowError, MemoryError, RecursionError...)."""
+    nines = "9" * 400
+    cases = [
+        (("explain", "1e400", 1, 1), "M"), (("explain", 1, nines, 1), "N"), (("explain", 1, 1, 1 << 31), "K"),
+        (("explain", 2_000_000_000, 2_000_000_000, 1), "2^40"),
+        (("cache", "prune", "--max-size", "99999999999999999999999999"), "--max-size"),
+        (("cache", "prune", "--max-size", nines), "--max-size"),
+        (("cache", "prune", "--older-than", nines + "w"), "--older-than"),
+        (("precompile", "--m", "1:1e10", "--n", 1, "--k", 1, "--dry-run"), "--m"),
+        (("precompile", "--m", "1:10000000000", "--n", 1, "--k", 1, "--dry-run"), "more than 1000000 sizes"),
+        (("precompile", "--m", "1:1000", "--n", "1:1000", "--k", "1:2", "--dry-run"), "2000000 shapes"),
+        (("precompile", "--m", 1, "--n", 1 << 31, "--k", 1, "--dry-run"), "--n"),
+        (("precompile", "--config", "[" * 100_000, "--dry-run"), "--config"),
+        (("precompile", "--config", "[1]", "--dry-run"), "mapping"),
+        (("precompile", "--config", '{"num_consumers": true}', "--dry-run"), "num_consumers must be int"),
+    ]
+    for args, words in cases:
+        result = invoke(*args)
+        assert result.exit_code == 2 and words in result.stderr, (args[:3], result.stderr[-300:])
+        assert "Traceback" not in result.stderr
+
+
+def test_shape_files_nested_too_deeply_are_usage_errors(tmp_cache, tmp_path, no_gpu):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    result = invoke("precompile", deep, "--dry-run")
+    assert result.exit_code == 2 and "nested too deeply" in result.stderr
+
+
 # ---- precompile ----
 
 def test_precompile_compiles_once_then_hits(tmp_cache):

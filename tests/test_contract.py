@@ -18,6 +18,7 @@ from jitgemm import api, launch, operands
 from jitgemm.heuristics import DeviceSpec
 
 DEVICE_BITS = 44          # fake pointers: device ordinal in the bits above this
+HUGE_PTR = (1 << 44) + (1 << 43)   # a fake pointer on device 0 for arrays too large for fake_ptr
 
 
 class ReachedGPU(Exception):
@@ -63,6 +64,26 @@ class FakeCAI:
 
 class Opaque:
     """Not an array at all."""
+
+
+class Hostile:
+    """Every attribute lookup raises something other than AttributeError."""
+    def __getattr__(self, name):
+        raise RuntimeError(f"no {name} for you")
+
+
+class HostileCAI:
+    @property
+    def __cuda_array_interface__(self):
+        raise RuntimeError("the device is gone")
+
+
+class HostileDLPack:
+    def __dlpack__(self, **kw):
+        raise RuntimeError("no export")
+
+    def __dlpack_device__(self):
+        raise RuntimeError("no device")
 
 
 @pytest.fixture(autouse=True)
@@ -164,6 +185,58 @@ BAD = [
     ("stream-negative", lambda: base(stream=-5), TypeError, ["stream:", "-5"]),
     ("config-dict", lambda: base(config={"block_m": 128}), TypeError, ["config:", "KernelConfig", "dict"]),
     ("config-mismatch", lambda: base(config=wrong_config()), ValueError, ["config:", "dtype", "bf16", "fp16"]),
+    # sizes the kernels' 32-bit ints and the 64-bit address space cannot hold (issue 16)
+    ("a-rows-2^31", lambda: base(a=dev((1 << 31, K), ptr=HUGE_PTR)), ValueError, ["a:", "dimension 0", "32-bit"]),
+    ("b-cols-2^31", lambda: base(b=dev((K, 1 << 31), ptr=HUGE_PTR)), ValueError, ["b:", "dimension 1", "32-bit"]),
+    ("k-2^32", lambda: base(a=dev((M, 1 << 32), ptr=HUGE_PTR)), ValueError, ["a:", "dimension 1"]),
+    ("output-2^40", lambda: base(a=dev((1 << 21, 8), ptr=HUGE_PTR), b=dev((8, (1 << 19) + 8), ptr=HUGE_PTR)),
+     ValueError, ["b:", "output elements", "2^40"]),
+    ("a-stride-2^50", lambda: base(a=dev((M, K), strides=(1 << 50, 1), ptr=HUGE_PTR)), ValueError,
+     ["a:", "spans", "bytes"]),
+    ("b-past-2^64", lambda: base(b=dev((K, N), ptr=(1 << 64) - 64)), ValueError, ["b:", "64-bit address space"]),
+    # non-native byte order: the bytes would be read as little-endian (issue 16)
+    ("numpy-big-endian-a", lambda: base(a=host((M, K), ">f2"), b=host((K, N))), TypeError,
+     ["a:", "float16", "non-native byte order", "'>f2'"]),
+    ("numpy-big-endian-b", lambda: base(a=host((M, K)), b=host((K, N), ">f2")), TypeError, ["b:", "non-native"]),
+    ("numpy-big-endian-out", lambda: base(a=host((M, K)), b=host((K, N)), out=host((M, N), ">f4")), TypeError,
+     ["out:", "non-native"]),
+    ("numpy-big-endian-c", lambda: base(a=host((M, K)), b=host((K, N)), c=host((M, N), ">f2")), TypeError,
+     ["c:", "non-native"]),
+    ("cai-big-endian-f2", lambda: base(a=_typestr(dev((M, K)), ">f2")), TypeError, ["a:", "big-endian", "'>f2'"]),
+    ("cai-big-endian-u2", lambda: base(b=_typestr(dev((K, N)), ">u2")), TypeError, ["b:", "big-endian", "'>u2'"]),
+    ("cai-big-endian-bf16", lambda: base(a=_typestr(dev((M, K), "bf16"), ">V2"), b=dev((K, N), "bf16")), TypeError,
+     ["a:", "big-endian"]),
+    # hostile objects, malformed interfaces, scalars that overflow (issue 16)
+    ("a-getattr-raises", lambda: base(a=Hostile()), TypeError, ["a:", "got Hostile"]),
+    ("b-cai-property-raises", lambda: base(b=HostileCAI()), TypeError, ["b:", "got HostileCAI"]),
+    ("c-dlpack-device-raises", lambda: base(c=HostileDLPack()), TypeError, ["c:", "__dlpack_device__"]),
+    ("cai-strides-1-entry", lambda: base(a=_byte_strides(dev((M, K)), (2,))), ValueError,
+     ["a:", "'strides'", "one entry per dimension"]),
+    ("cai-strides-floats", lambda: base(b=_byte_strides(dev((K, N)), (2.0 * N, 2.0))), TypeError,
+     ["b:", "'strides'", "tuple of ints"]),
+    ("cai-strides-2^70", lambda: base(a=_byte_strides(dev((M, K)), (1 << 70, 2))), ValueError, ["a:", "spans"]),
+    ("cai-shape-negative", lambda: base(a=_cai(dev((M, K)), shape=(-M, K))), ValueError, ["a:", "negative"]),
+    ("cai-shape-float", lambda: base(a=_cai(dev((M, K)), shape=(float(M), K))), TypeError, ["a:", "'shape'"]),
+    ("cai-typestr-int", lambda: base(b=_typestr(dev((K, N)), 2)), TypeError, ["b:", "unsupported dtype"]),
+    ("cai-ptr-2^64", lambda: base(a=FakeCAI((M, K), data=(1 << 64, False))), ValueError, ["a:", "64-bit address"]),
+    ("cai-ptr-negative", lambda: base(a=FakeCAI((M, K), data=(-4096, False))), ValueError, ["a:", "pointer"]),
+    ("cai-ptr-str", lambda: base(out=FakeCAI((M, N), data=("4096", False))), TypeError, ["out:", "'data'"]),
+    ("cai-data-3", lambda: base(c=FakeCAI((M, N), data=(4096, False, 0))), TypeError, ["c:", "'data'"]),
+    ("cai-stream-minus-1", lambda: base(a=FakeCAI((M, K), stream=-1)), ValueError, ["a:", "'stream'", "[1, 2^64)"]),
+    ("cai-stream-2^64", lambda: base(b=FakeCAI((K, N), stream=1 << 64)), ValueError, ["b:", "'stream'"]),
+    ("cai-stream-str", lambda: base(a=FakeCAI((M, K), stream="1")), TypeError, ["a:", "'stream'", "'1'"]),
+    ("cai-stream-true", lambda: base(a=FakeCAI((M, K), stream=True)), TypeError, ["a:", "'stream'", "True"]),
+    ("cai-stream-float", lambda: base(out=FakeCAI((M, N), stream=1.5)), TypeError, ["out:", "'stream'"]),
+    ("cai-version-true", lambda: base(b=FakeCAI((K, N), version=True)), ValueError, ["b:", "version True"]),
+    ("alpha-10^400", lambda: base(alpha=10 ** 400), ValueError, ["alpha:", "finite", "float32"]),
+    ("beta-1e39", lambda: base(beta=-1e39), ValueError, ["beta:", "float32"]),
+    ("alpha-nan", lambda: base(alpha=float("nan")), ValueError, ["alpha:", "finite"]),
+    ("beta-inf", lambda: base(beta=np.inf), ValueError, ["beta:", "finite"]),
+    ("stream-true", lambda: base(stream=True), TypeError, ["stream:", "True"]),
+    ("stream-2^64", lambda: base(stream=1 << 64), TypeError, ["stream:", "2^64"]),
+    ("stream-protocol-raises", lambda: base(stream=Hostile()), TypeError, ["stream:", "could not be read"]),
+    ("stream-protocol-huge", lambda: base(stream=type("S", (), {"__cuda_stream__": lambda self: (0, -1)})()),
+     TypeError, ["stream:"]),
     ("numpy-float64", lambda: base(a=host((M, K), np.float64), b=host((K, N), np.float64)), TypeError,
      ["a:", "unsupported dtype float64"]),
     ("numpy-mismatch", lambda: base(a=host((M, K)), b=host((K + 3, N))), ValueError, ["b:", f"({K}, N)"]),
@@ -178,6 +251,16 @@ BAD = [
 
 def _byte_strides(fake, strides):
     fake.__cuda_array_interface__["strides"] = strides
+    return fake
+
+
+def _cai(fake, **fields):
+    fake.__cuda_array_interface__.update(fields)
+    return fake
+
+
+def _typestr(fake, typestr):
+    fake.__cuda_array_interface__["typestr"] = typestr
     return fake
 
 
@@ -211,6 +294,8 @@ GOOD = [
                                                                   out=buf.window(K, (M, N), (K + N, 1))))(
         dev((M, K + N)))),
     ("size-1-dims-any-stride", lambda: base(a=dev((1, K), strides=(0, 1)), b=dev((K, 1), strides=(1, 0)))),
+    ("largest-dims", lambda: base(a=dev(((1 << 31) - 1024, 16), ptr=HUGE_PTR), b=dev((16, 64)))),
+    ("size-1-dim-huge-stride", lambda: base(a=dev((1, K), strides=(1 << 62, 1)))),
     ("stream-int", lambda: base(stream=7)),
     ("stream-protocol", lambda: base(stream=type("S", (), {"__cuda_stream__": lambda self: (0, 99)})())),
     ("config-that-fits", lambda: base(config=jitgemm.KernelConfig(dtype="fp16", out_dtype="fp16"))),
@@ -271,7 +356,7 @@ def test_stream_handles(stream, handle):
     assert api._stream_handle(stream) == handle
 
 
-@pytest.mark.parametrize("bad", [True, -1, 1.5, "0", None])
+@pytest.mark.parametrize("bad", [True, -1, 1.5, "0", None, 1 << 64])
 def test_stream_handle_rejects(bad):
     with pytest.raises(TypeError, match="^stream:"):
         api._stream_handle(bad)
@@ -442,3 +527,18 @@ def test_dlpack_export_read_by_cuda_core(dtype, legacy):
     del smv
     gc.collect()
     assert alive() is None
+
+
+def test_tensor_maps_refuse_what_tma_cannot_address():
+    from jitgemm import runtime
+    for dims, stride, ptr in [((1 << 33, 8), 16, 0x1000), ((8, 0), 16, 0x1000), ((8, 8), 1 << 40, 0x1000),
+                              ((8, 8), 24, 0x1000), ((8, 8), 16, 0x1008), ((8, 8), 16, 1 << 64)]:
+        with pytest.raises(ValueError, match="tensor map"):
+            runtime.tensor_map_2d("bf16", ptr, *dims, stride, (64, 8), 128)
+
+
+def test_numpy_big_endian_bfloat16_is_refused():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    swapped = np.dtype(ml_dtypes.bfloat16).newbyteorder(">")
+    with pytest.raises(TypeError, match="^a: bfloat16 in non-native byte order"):
+        jitgemm.gemm(np.ones((4, 8), swapped), np.ones((8, 4), ml_dtypes.bfloat16))

@@ -826,6 +826,59 @@ def test_require_valid_raises_with_reasons():
     assert heuristics.require_valid(_cfg(), p, H200) == _cfg()
 
 
+@pytest.mark.parametrize("field, value", [
+    ("num_stages", float("nan")), ("num_consumers", True), ("num_consumers", 1.0), ("cluster_size", 2.0),
+    ("swap_ab", [1]), ("has_c", 1), ("arch", 90), ("block_m", "128"), ("split_k", None),
+])
+def test_kernel_config_fields_have_exact_types(field, value):
+    with pytest.raises(ValueError, match=f"invalid KernelConfig: {field} must be (int|bool|str), got"):
+        KernelConfig(**{field: value})
+    with pytest.raises(ValueError, match=field):
+        KernelConfig.from_dict({field: value})
+
+
+def test_kernel_config_from_dict_needs_a_mapping():
+    for data in ([1], "x", None, 3):
+        with pytest.raises(ValueError, match="must be a mapping"):
+            KernelConfig.from_dict(data)
+
+
+def test_a_rows_must_cover_every_row_of_m():
+    """a_rows loads only that many rows of A per tile: valid only when the kernel's M fits them
+    (issue 16: a_rows=8 for M=4096 loaded 8 of 128 rows and stored all of them)."""
+    big, small = Problem(4096, 4096, 4096), Problem(8, 4096, 4096)
+    short = _cfg(a_rows=8)
+    assert any("a_rows=8" in r and "M=4096" in r for r in check_config(short, big, H200))
+    with pytest.raises(ValueError, match=r"^config: .*a_rows=8 loads only"):
+        heuristics.require_valid(short, big, H200)
+    assert not any("a_rows" in r for r in check_config(short, small, H200))
+    assert not any("a_rows" in r for r in check_config(_cfg(a_rows=16), Problem(9, 4096, 4096), H200))
+
+
+def test_a_rows_from_the_env_is_checked_against_m(monkeypatch):
+    monkeypatch.setenv("JITGEMM_CONFIG", '{"a_rows": 8}')
+    with pytest.raises(ValueError, match="JITGEMM_CONFIG=.*a_rows=8 loads only"):
+        config_from_env(Problem(4096, 4096, 4096), H200)
+
+
+def test_tile_counts_that_wrap_int32_are_rejected():
+    """The templates count work units and raster groups in 32-bit ints."""
+    huge = Problem(1 << 25, 1 << 15, 64)      # 2^40 output elements, the most a Problem takes
+    with pytest.raises(ValueError, match="exceed"):
+        Problem(1 << 25, (1 << 15) + 1, 64)
+    with pytest.raises(ValueError, match=r"Problem.k must be an int in \[1, 2147482624\]"):
+        Problem(1, 1, 1 << 31)
+    tiny = KernelConfig(block_m=64, block_n=16, num_consumers=1, group_size=16)
+    reasons = check_config(common.with_fields(tiny, split_k=4), huge, H200)
+    assert any("32-bit work unit count" in r for r in reasons), reasons
+    wide = Problem(1, (1 << 31) - 1024, 64)    # one m block, 2^27 n blocks of 16: group 4096 wraps
+    assert any("raster group" in r for r in check_config(common.with_fields(tiny, group_size=4096), wide, H200))
+    # select never picks such a tiling; what it picks passes the checks
+    for p in (huge, wide):
+        cfg = select(p, H200)
+        assert check_config(cfg, p, H200) == [], cfg.name
+
+
 # ----------------------------------------------------------------------------- JITGEMM_CONFIG
 
 
@@ -892,6 +945,8 @@ def test_env_split_k(monkeypatch):
     ("{not json", "JITGEMM_CONFIG must be a JSON object"),
     ("[1, 2]", "JITGEMM_CONFIG must be a JSON object"),
     ('{"block_q": 1}', r"JITGEMM_CONFIG: unknown KernelConfig fields \['block_q'\]"),
+    ("[" * 100_000, r"JITGEMM_CONFIG must be a JSON object .*: not valid JSON \(nested too deeply\)"),
+    ('{"num_stages": NaN}', "JITGEMM_CONFIG: field 'num_stages' must be int"),
     ('{"block_n": "128"}', "JITGEMM_CONFIG: field 'block_n' must be int"),
     ('{"has_c": 1}', "JITGEMM_CONFIG: field 'has_c' must be bool"),
     ('{"block_n": 100}', "JITGEMM_CONFIG=.*block_n must be a multiple of 16"),

@@ -82,6 +82,18 @@ def test_a_record_that_no_longer_fits_the_problem_is_ignored(tmp_cache):
     assert tuning.tuned_config(P, H200, GPU) is None
 
 
+def test_a_record_with_a_rows_short_of_m_is_ignored(tmp_cache, monkeypatch):
+    """a_rows=8 would load 8 of each tile's rows for M = 4096 (issue 16): the entry is skipped."""
+    monkeypatch.setattr(api, "device_spec", lambda dev: H200)
+    monkeypatch.setattr(api.runtime, "device_info", lambda dev: types.SimpleNamespace(name=GPU))
+    monkeypatch.delenv("JITGEMM_CONFIG", raising=False)
+    big = Problem(4096, 4096, 4096)
+    short = common.with_fields(select(big, H200), a_rows=8)
+    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(big), _record(short))
+    assert tuning.tuned_config(big, H200, GPU) is None
+    assert api.config_for(big) == select(big, H200)
+
+
 def test_gemm_follows_config_then_env_then_tuning_then_heuristics(tmp_cache, monkeypatch):
     monkeypatch.setattr(api, "device_spec", lambda dev: H200)
     monkeypatch.setattr(api.runtime, "device_info", lambda dev: types.SimpleNamespace(name=GPU))
