@@ -37,6 +37,8 @@ from pathlib import Path
 
 import platformdirs
 
+from .config import parse_json
+
 CACHE_SCHEMA = 1
 SOURCE_FILE, CUBIN_FILE, META_FILE = "kernel.cu", "kernel.cubin", "meta.json"
 LOCK_DIR, FAILED_DIR = ".locks", "failed"       # per-key lock files; sources that failed to compile
@@ -173,7 +175,7 @@ def read_entry(entry: Path, key: str, check_source: bool = False) -> tuple[dict,
     if not stat.S_ISDIR(st.st_mode):
         raise CorruptEntry("the entry is not a directory")
     try:
-        meta = json.loads(read_trusted(entry / META_FILE, META_FILE))
+        meta = parse_json(read_trusted(entry / META_FILE, META_FILE), META_FILE)
     except ValueError:
         raise CorruptEntry(f"{META_FILE} is not valid JSON") from None
     if not isinstance(meta, dict) or meta.get("key") != key:
@@ -664,7 +666,7 @@ class KernelCache:
                 raise CorruptEntry("the entry is not a directory")
             with os.scandir(path) as files:
                 size = sum(f.stat(follow_symlinks=False).st_size for f in files)
-            meta = json.loads(read_trusted(path / META_FILE, META_FILE))
+            meta = parse_json(read_trusted(path / META_FILE, META_FILE), META_FILE)
         except (UnsafeError, CorruptEntry, OSError) as exc:
             problem = str(exc)
         except ValueError:

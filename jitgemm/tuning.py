@@ -51,8 +51,10 @@ PASSES = 3                      # interleaved passes over the candidates (the me
 # fixes are 2.5-6% in every pass.
 MIN_GAIN = 0.02
 # A candidate's whole output is checked elementwise against a float64 reference (see
-# output_error), with the GPU tests' tolerances (tests/gpu_helpers.py), in chunks of rows.
-CHECK_TOLERANCE = {"bf16": 1e-2, "fp16": 2e-3, "fp32": 1e-5}
+# output_error), in chunks of rows: the rounding of the output (its unit roundoff) plus 2K fp32
+# roundoffs of the magnitudes summed, as the GPU tests bound it (tests/gpu_helpers.py).
+ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp32": 2.0 ** -24}
+FP32_ROUNDOFF = 2.0 ** -24
 CHECK_ROWS = 1024
 
 
@@ -254,21 +256,21 @@ def _download(out: _Operand, stream: int) -> np.ndarray:
     return host[:, :out.shape[1]]
 
 
-def output_error(out, ref: np.ndarray, out_dtype: str, scale: float, row0: int = 0) -> str | None:
+def output_error(out, ref: np.ndarray, out_dtype: str, magnitude, k: int, row0: int = 0) -> str | None:
     """What is wrong with `out` (any array of rows `row0`... of the output) against `ref`, its
-    float64 reference, or None. Every element must satisfy |out - ref| <= tol * (|ref| + scale):
-    tol * |ref| allows the rounding of the output, tol * `scale` (sqrt(K) * max|a| * max|b|,
-    plus max|c|) the fp32 accumulation over K, which matters most where |ref| is near zero. A
+    float64 reference, or None. Every element must be within the rounding of the output
+    (unit roundoff x |ref|) plus 2K fp32 roundoffs of `magnitude`, a bound on the sum of
+    |a_ik| |b_kj| (+ |c_ij|) it adds up (the worst-case fp32 accumulation error is K of them). A
     NaN or infinity fails (a poisoned element that was never written)."""
     out = np.asarray(out, dtype=np.float64)
-    tol = CHECK_TOLERANCE[out_dtype]
-    diff = np.abs(out - ref)
-    bad = ~(diff <= tol * (np.abs(ref) + scale))     # NaN compares false: bad
+    bound = ROUNDOFF[out_dtype] * np.abs(ref) + 2 * max(k, 1) * FP32_ROUNDOFF * magnitude + 2.0 ** -40
+    bad = ~(np.abs(out - ref) <= bound)     # NaN compares false: bad
     if not bad.any():
         return None
     r, c = np.argwhere(bad)[0]
+    bound_rc = np.broadcast_to(bound, bad.shape)[r, c]
     return (f"{int(bad.sum())} elements out of tolerance, the first at ({row0 + r}, {c}): "
-            f"{out[r, c]!r} instead of {ref[r, c]!r} (bound {tol * (abs(ref[r, c]) + scale):.3g})")
+            f"{out[r, c]!r} instead of {ref[r, c]!r} (bound {bound_rc:.3g})")
 
 
 def _graph_us(run_calls, stream: int) -> float:
@@ -368,10 +370,16 @@ def tune(problem: Problem, device: int = 0, top: int = 6, record: bool = True, p
             ref[r0:r0 + CHECK_ROWS] = as_stored(a_host[r0:r0 + CHECK_ROWS], p.dtype) @ b_ref
             if p.has_c:
                 ref[r0:r0 + CHECK_ROWS] += as_stored(c_host[r0:r0 + CHECK_ROWS], p.out_dtype)
+        # sum_k |a_ik| |b_kj| <= |a_i| |b_j| (Cauchy-Schwarz): a bound of each element's
+        # magnitudes from row and column norms, without a second product.
+        b_norms = np.sqrt((b_ref * b_ref).sum(axis=0))
+        a_norms = np.concatenate([np.sqrt((as_stored(a_host[r0:r0 + CHECK_ROWS], p.dtype) ** 2).sum(axis=1))
+                                  for r0 in range(0, p.m, CHECK_ROWS)])
         del b_ref
-        scale = math.sqrt(p.k) * np.abs(a_host).max() * np.abs(b_host).max()
-        if p.has_c:
-            scale += np.abs(c_host).max()
+
+        def magnitude(r0):
+            rows = a_norms[r0:r0 + CHECK_ROWS, None] * b_norms[None, :]
+            return rows + np.abs(as_stored(c_host[r0:r0 + CHECK_ROWS], p.out_dtype)) if p.has_c else rows
 
         def call(cfg, i):
             a, b, c, out = operands[i % copies]
@@ -387,7 +395,8 @@ def tune(problem: Problem, device: int = 0, top: int = 6, record: bool = True, p
             call(cfg, 0)
             got = _download(out0, stream)
             for r0 in range(0, p.m, CHECK_ROWS):
-                wrong = output_error(got[r0:r0 + CHECK_ROWS], ref[r0:r0 + CHECK_ROWS], p.out_dtype, scale, r0)
+                wrong = output_error(got[r0:r0 + CHECK_ROWS], ref[r0:r0 + CHECK_ROWS], p.out_dtype,
+                                     magnitude(r0), p.k, r0)
                 if wrong:
                     raise RuntimeError(f"jitgemm.tuning: config {cfg.name} computed a wrong result for "
                                        f"{p.describe()} ({wrong}); please report it")

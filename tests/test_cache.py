@@ -269,6 +269,7 @@ CORRUPTIONS = {
     "cubin-missing": lambda e: (e / CUBIN_FILE).unlink(),
     "meta-missing": lambda e: (e / META_FILE).unlink(),
     "meta-garbled": lambda e: (e / META_FILE).write_text("{not json"),
+    "meta-nested-too-deeply": lambda e: (e / META_FILE).write_text("[" * 100000 + "]" * 100000),
 }
 
 

@@ -230,17 +230,20 @@ def test_the_output_check_is_elementwise_over_the_whole_output(out_dtype):
     m, n, k = 256, 192, 1024
     a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
     ref = a @ b
-    scale = np.sqrt(k) * np.abs(a).max() * np.abs(b).max()
+    magnitude = np.linalg.norm(a, axis=1)[:, None] * np.linalg.norm(b, axis=0)[None, :]
     good = ref.astype(np.float32).astype(numpy_dtype(out_dtype))     # fp32 accumulation, rounded output
-    assert tuning.output_error(good, ref, out_dtype, scale) is None
+    assert tuning.output_error(good, ref, out_dtype, magnitude, k) is None
 
     block = good.astype(np.float64)
     block[96:128, 32:64] = rng.standard_normal((32, 32)) * np.sqrt(k)   # one 32x32 tile of garbage
-    assert "out of tolerance" in tuning.output_error(block, ref, out_dtype, scale)
+    assert "out of tolerance" in tuning.output_error(block, ref, out_dtype, magnitude, k)
     stale = good.astype(np.float64)
     stale[:32, 160:192] = 0.0                                           # one tile never written
-    assert tuning.output_error(stale, ref, out_dtype, scale) is not None
+    assert tuning.output_error(stale, ref, out_dtype, magnitude, k) is not None
+    lost_k_block = good.astype(np.float64)                              # one tile without 64 terms of K
+    lost_k_block[64:96, 64:96] -= a[64:96, :64] @ b[:64, 64:96]
+    assert tuning.output_error(lost_k_block, ref, out_dtype, magnitude, k) is not None
     nan = good.astype(np.float64)
     nan[200, 7] = np.nan
-    wrong = tuning.output_error(nan, ref, out_dtype, scale, row0=1024)
+    wrong = tuning.output_error(nan, ref, out_dtype, magnitude, k, row0=1024)
     assert wrong.startswith("1 elements") and "(1224, 7)" in wrong
