@@ -54,6 +54,7 @@ MIN_GAIN = 0.02
 # output_error), in chunks of rows: the rounding of the output (its unit roundoff) plus 2K fp32
 # roundoffs of the magnitudes summed, as the GPU tests bound it (tests/gpu_helpers.py).
 ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp32": 2.0 ** -24}
+SUBNORMAL_ROUNDOFF = {"bf16": 2.0 ** -134, "fp16": 2.0 ** -25, "fp32": 2.0 ** -150}   # half the smallest subnormal
 FP32_ROUNDOFF = 2.0 ** -24
 CHECK_ROWS = 1024
 
@@ -259,11 +260,12 @@ def _download(out: _Operand, stream: int) -> np.ndarray:
 def output_error(out, ref: np.ndarray, out_dtype: str, magnitude, k: int, row0: int = 0) -> str | None:
     """What is wrong with `out` (any array of rows `row0`... of the output) against `ref`, its
     float64 reference, or None. Every element must be within the rounding of the output
-    (unit roundoff x |ref|) plus 2K fp32 roundoffs of `magnitude`, a bound on the sum of
+    (unit roundoff x |ref|, or half a subnormal step) plus 2K fp32 roundoffs of `magnitude`, a bound on the sum of
     |a_ik| |b_kj| (+ |c_ij|) it adds up (the worst-case fp32 accumulation error is K of them). A
     NaN or infinity fails (a poisoned element that was never written)."""
     out = np.asarray(out, dtype=np.float64)
-    bound = ROUNDOFF[out_dtype] * np.abs(ref) + 2 * max(k, 1) * FP32_ROUNDOFF * magnitude + 2.0 ** -40
+    bound = (ROUNDOFF[out_dtype] * np.abs(ref) + SUBNORMAL_ROUNDOFF[out_dtype]
+             + 2 * max(k, 1) * FP32_ROUNDOFF * magnitude + 2.0 ** -40)
     bad = ~(np.abs(out - ref) <= bound)     # NaN compares false: bad
     if not bad.any():
         return None

@@ -1,7 +1,9 @@
 """Shared pieces of the GPU tests: random inputs, poisoned guarded outputs, the reference check."""
 
-# Unit roundoff of each output dtype: the kernel rounds alpha * acc + beta * c once into it.
+# Unit roundoff of each output dtype: the kernel rounds alpha * acc + beta * c once into it; and
+# half its smallest subnormal, the absolute error of rounding a result that small.
 ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp32": 2.0 ** -24}
+SUBNORMAL_ROUNDOFF = {"bf16": 2.0 ** -134, "fp16": 2.0 ** -25, "fp32": 2.0 ** -150}
 FP32_ROUNDOFF = 2.0 ** -24
 GUARD_ROWS, GUARD_COLS = 2, 8
 
@@ -45,7 +47,7 @@ def _float64(x, device):
 def worst_error(out, a, b, out_dtype, c=None, alpha=1.0, beta=1.0) -> float:
     """The largest elementwise ratio |out - ref| / bound over the result (NaN: inf), against a
     float64 reference from the same inputs. The bound of each element is the rounding of the
-    result into `out_dtype` plus 2K fp32 roundoffs of the sum of magnitudes it adds up
+    result into `out_dtype` (relative, or absolute for a subnormal result) plus 2K fp32 roundoffs of the sum of magnitudes it adds up
     (|alpha| |a| @ |b| + |beta| |c|): four times the worst-case accumulation error of a K-term
     fp32 sum, yet far below a lost K block or a wrong row. Arrays may be torch, NumPy or anything
     torch.as_tensor takes."""
@@ -59,7 +61,8 @@ def worst_error(out, a, b, out_dtype, c=None, alpha=1.0, beta=1.0) -> float:
         ref = ref + beta * c64
         magnitude = magnitude + abs(beta) * c64.abs()
     k = a64.shape[1]
-    bound = ROUNDOFF[out_dtype] * ref.abs() + 2 * max(k, 1) * FP32_ROUNDOFF * magnitude + 2.0 ** -40
+    bound = (ROUNDOFF[out_dtype] * ref.abs() + SUBNORMAL_ROUNDOFF[out_dtype]
+             + 2 * max(k, 1) * FP32_ROUNDOFF * magnitude + 2.0 ** -40)
     ratio = ((got - ref).abs() / bound).nan_to_num(nan=float("inf"))
     return ratio.max().item() if ratio.numel() else 0.0
 

@@ -407,6 +407,8 @@ def test_prune_does_not_follow_a_symlinked_failed_dir(warm_cache, tmp_path):
 # ---- env ----
 
 def test_env_reports_versions_cache_and_variables(warm_cache, monkeypatch):
+    for name in [name for name in os.environ if name.startswith("JITGEMM_") and name != "JITGEMM_CACHE_DIR"]:
+        monkeypatch.delenv(name)          # e.g. the GPU run's JITGEMM_REQUIRE_GPU
     monkeypatch.setenv("JITGEMM_OFFLINE", "0")
     result, info = invoke_json("env")
     assert result.exit_code == 0
