@@ -158,7 +158,7 @@ def _target(arch: str | None, num_sms: int | None) -> DeviceSpec:
 
 
 def _problem_options(func):
-    """--dtype, --out-dtype, --layout, --arch and --num-sms, shared by precompile and explain."""
+    """--dtype, --out-dtype, --layout, --with-c, --arch and --num-sms, shared by precompile and explain."""
     for option in reversed([
         click.option("--dtype", type=click.Choice(INPUT_DTYPES), default="bf16", show_default=True,
                      help="Input element type."),
@@ -167,6 +167,8 @@ def _problem_options(func):
         click.option("--layout", type=click.Choice(sorted(LAYOUTS)), default="nt", show_default=True,
                      help="Operand majors, A then B: n = K-major, t = M-major (A) or N-major (B); "
                           "nt is a @ b with both row-major."),
+        click.option("--with-c", "has_c", is_flag=True,
+                     help="The problems add beta * C in the epilogue (gemm's c= argument)."),
         click.option("--arch", type=click.Choice(ARCHS), default=None,
                      help="Target [default: the local GPU, else sm_90a]."),
         click.option("--num-sms", type=click.IntRange(min=1), default=None,
@@ -176,19 +178,21 @@ def _problem_options(func):
     return func
 
 
-def _problem(m, n, k, dtype, out_dtype, layout) -> Problem:
+def _problem(m, n, k, dtype, out_dtype, layout, has_c=False) -> Problem:
     a_major, b_major = LAYOUTS[layout]
-    return Problem(m, n, k, dtype, out_dtype or dtype, a_major, b_major)
+    return Problem(m, n, k, dtype, out_dtype or dtype, a_major, b_major, has_c)
 
 
 def _problem_dict(p: Problem) -> dict:
-    return {"m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype, "out_dtype": p.out_dtype, "layout": p.layout}
+    return {"m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype, "out_dtype": p.out_dtype, "layout": p.layout,
+            "c": p.has_c}
 
 
 # ---- shape files ----
 
 SHAPE_FIELDS = ("m", "n", "k")
-OPTIONAL_FIELDS = ("dtype", "out_dtype", "layout", "name")   # per-shape overrides; name is a label
+OPTIONAL_FIELDS = ("dtype", "out_dtype", "layout", "c", "name")   # per-shape overrides; name is a label
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,7 @@ class ShapeSpec:
     dtype: str | None = None
     out_dtype: str | None = None
     layout: str | None = None
+    c: bool | None = None         # the problem adds beta * C
 
 
 def _spec_from_mapping(data: dict, where: str) -> ShapeSpec:
@@ -213,7 +218,18 @@ def _spec_from_mapping(data: dict, where: str) -> ShapeSpec:
     sizes = [_size(data[f], f"{where}: {f}") for f in SHAPE_FIELDS]
     extra = {f: (str(data[f]).strip() or None) if data.get(f) is not None else None
              for f in ("dtype", "out_dtype", "layout")}
-    return ShapeSpec(*sizes, **extra)
+    return ShapeSpec(*sizes, **extra, c=_flag(data.get("c"), f"{where}: c"))
+
+
+def _flag(value, where: str) -> bool | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in TRUE_WORDS or word in FALSE_WORDS:
+        return word in TRUE_WORDS
+    raise ValueError(f"{where} must be true or false, got {value!r}")
 
 
 def _size(value, where: str) -> int:
@@ -280,7 +296,8 @@ def read_shape_file(path: Path) -> list[ShapeSpec]:
     return specs
 
 
-def _resolve_specs(specs: list[ShapeSpec], dtype: str, out_dtype: str | None, layout: str) -> list[Problem]:
+def _resolve_specs(specs: list[ShapeSpec], dtype: str, out_dtype: str | None, layout: str,
+                   has_c: bool = False) -> list[Problem]:
     problems = []
     for spec in specs:
         d = spec.dtype or dtype
@@ -288,7 +305,8 @@ def _resolve_specs(specs: list[ShapeSpec], dtype: str, out_dtype: str | None, la
         try:
             if lay not in LAYOUTS:
                 raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {lay!r}")
-            problems.append(_problem(spec.m, spec.n, spec.k, d, spec.out_dtype or out_dtype or d, lay))
+            problems.append(_problem(spec.m, spec.n, spec.k, d, spec.out_dtype or out_dtype or d, lay,
+                                     has_c if spec.c is None else spec.c))
         except ValueError as exc:
             raise ValueError(f"shape {spec.m} {spec.n} {spec.k}: {exc}") from None
     return list(dict.fromkeys(problems))
@@ -296,7 +314,8 @@ def _resolve_specs(specs: list[ShapeSpec], dtype: str, out_dtype: str | None, la
 
 # ---- precompile ----
 
-def _shape_problems(shapes_file, ms, ns, ks, dtype, out_dtype, layout, other_sources: str | None) -> list[Problem]:
+def _shape_problems(shapes_file, ms, ns, ks, dtype, out_dtype, layout, other_sources: str | None,
+                    has_c: bool = False) -> list[Problem]:
     """The problems of --m/--n/--k (every combination) and SHAPES_FILE; UsageError for a bad
     file or flag, and for no shapes at all unless `other_sources` is None (the command has
     other work, e.g. precompile's --config); `other_sources` ends the "give ..." hint."""
@@ -316,7 +335,7 @@ def _shape_problems(shapes_file, ms, ns, ks, dtype, out_dtype, layout, other_sou
     if not specs and other_sources is not None:
         raise click.UsageError(f"no shapes: give --m, --n and --k, {other_sources}")
     try:
-        return _resolve_specs(specs, dtype, out_dtype, layout)
+        return _resolve_specs(specs, dtype, out_dtype, layout, has_c)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
 
@@ -360,15 +379,16 @@ def _lookup_one(cache: KernelCache, config: KernelConfig) -> dict:
               help="Parallel compiles [default: the number of CPUs].")
 @click.option("--dry-run", is_flag=True, help="List the distinct kernels and whether they are cached; compile nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
-def precompile(shapes_file, ms, ns, ks, dtype, out_dtype, layout, arch, num_sms, configs, jobs, dry_run, as_json):
+def precompile(shapes_file, ms, ns, ks, dtype, out_dtype, layout, has_c, arch, num_sms, configs, jobs, dry_run,
+               as_json):
     """Compile the kernels a shape set needs into the cache.
 
     Shapes come from --m/--n/--k (every combination) and/or SHAPES_FILE: one `M N K` per line,
-    a CSV with an m,n,k header, or a JSON list; file entries may set their own dtype, out_dtype
-    and layout. A second run of the same set compiles nothing.
+    a CSV with an m,n,k header, or a JSON list; file entries may set their own dtype, out_dtype,
+    layout and c (true: the problem adds beta * C). A second run of the same set compiles nothing.
     """
     problems = _shape_problems(shapes_file, ms, ns, ks, dtype, out_dtype, layout,
-                               "a SHAPES_FILE, or --config" if not configs else None)
+                               "a SHAPES_FILE, or --config" if not configs else None, has_c)
     exact = []
     for text in configs:
         try:
@@ -481,11 +501,11 @@ def _print_precompile(summary: dict, device: DeviceSpec | None) -> None:
 @click.argument("k", type=click.IntRange(min=1, max=MAX_DIM))
 @_problem_options
 @click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
-def explain(m, n, k, dtype, out_dtype, layout, arch, num_sms, as_json):
+def explain(m, n, k, dtype, out_dtype, layout, has_c, arch, num_sms, as_json):
     """Show the kernel the heuristics pick for an M x N x K GEMM, the best candidates and why
     others were rejected."""
     try:
-        problem = _problem(m, n, k, dtype, out_dtype, layout)
+        problem = _problem(m, n, k, dtype, out_dtype, layout, has_c)
     except ValueError as exc:      # M x N beyond what the kernels count
         raise click.UsageError(str(exc)) from None
     device = _target(arch, num_sms)

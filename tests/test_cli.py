@@ -496,3 +496,22 @@ def test_console_script_end_to_end(tmp_cache, tmp_path):
     assert [e["key"] for e in listing["entries"]] == [r["key"] for r in summary["kernels"]]
     assert run("cache", "verify").returncode == 0
     assert run("--version").stdout.strip().endswith(__import__("jitgemm").__version__)
+
+
+def test_problems_with_c_from_the_flag_and_the_shape_file(tmp_cache, tmp_path):
+    # kernels for gemm(..., c=...) add beta * C in the epilogue: a deployment must be able to build them
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps([{"m": 128, "n": 4096, "k": 7168, "c": True}, {"m": 128, "n": 4096, "k": 7168, "c": "no"},
+                                  {"m": 256, "n": 4096, "k": 7168}]))
+    result, summary = invoke_json("precompile", shapes, "--dry-run", "--arch", "sm_90a", "--num-sms", 132)
+    assert result.exit_code == 0
+    with_c = {p["m"]: p["c"] for kernel in summary["kernels"] for p in kernel["problems"] if p["c"]}
+    assert with_c == {128: True} and all(("C" in k["kernel"].split("_")) == k["config"]["has_c"] for k in summary["kernels"])
+    result, summary = invoke_json("precompile", shapes, "--with-c", "--dry-run", "--arch", "sm_90a", "--num-sms", 132)
+    assert sorted((p["m"], p["c"]) for kernel in summary["kernels"] for p in kernel["problems"]) == \
+        [(128, False), (128, True), (256, True)]      # the file's own "c" wins over the flag
+    result, report = invoke_json("explain", 128, 4096, 7168, "--with-c", "--arch", "sm_90a", "--num-sms", 132)
+    assert result.exit_code == 0 and report["chosen"]["has_c"]
+    shapes.write_text(json.dumps([{"m": 1, "n": 2, "k": 3, "c": "maybe"}]))
+    result = invoke("precompile", shapes, "--dry-run", "--arch", "sm_90a")
+    assert result.exit_code == 2 and "c must be true or false" in result.output
