@@ -19,10 +19,10 @@ CHILD = """
 import time, json, sys
 t0 = time.perf_counter()
 import jitgemm
-from jitgemm import api, heuristics, kernels, runtime
+from jitgemm import api, context, heuristics, kernels, runtime
 from jitgemm.problem import Problem
 t1 = time.perf_counter()
-runtime.ensure_context(0)
+context.make_current(0)
 t2 = time.perf_counter()
 m, n, k = map(int, sys.argv[1:4])
 kernels.get(heuristics.select(Problem(m, n, k), api.device_spec(0)), 0)

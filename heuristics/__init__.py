@@ -7,40 +7,31 @@
 - `config_from_env(problem, device)`: the `JITGEMM_CONFIG` override, validated.
 - `require_valid(config, problem, device, source)`: check_config that raises ValueError.
 
-sm_90a rules live in `sm90`, sm_100a rules in `sm100` (imported on first use); shared pieces
-(config checks, stage arithmetic, wave quantisation, raster, the pieces of the cost models,
-the search and ranking plumbing) in `common`.
+Each arch's rules (`sm90`, `sm100`) are reached through its backend in `jitgemm.registry`;
+shared pieces (config checks, stage arithmetic, wave quantisation, raster, the pieces of the
+cost models, the search and ranking plumbing) live in `common`.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import fields
 
+from jitgemm import registry
 from jitgemm.config import KernelConfig, parse_json
 from jitgemm.problem import Problem
 
-from . import sm90
-from .common import DeviceSpec, field_mismatches, with_fields
+from .common import DeviceSpec, field_mismatches
 
 __all__ = ["DeviceSpec", "select", "explain", "check_config", "config_from_env", "require_valid",
            "ENV_VAR", "SUPPORTED_ARCHS"]
 
 ENV_VAR = "JITGEMM_CONFIG"
-SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
+SUPPORTED_ARCHS = registry.ARCH_NAMES
 
 
 def _arch_module(arch: str):
-    if arch == "sm_90a":
-        return sm90
-    if arch == "sm_100a":
-        try:
-            from . import sm100
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.endswith("heuristics.sm100"):
-                raise ValueError("no heuristics for sm_100a yet (heuristics/sm100.py is missing)") from exc
-            raise
-        return sm100
-    raise ValueError(f"no heuristics for arch {arch!r}; supported: {list(SUPPORTED_ARCHS)}")
+    """The rules of `arch` (ValueError for an arch without a backend)."""
+    return registry.get(arch).rules
 
 
 def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
@@ -59,7 +50,7 @@ def check_config(config: KernelConfig, problem: Problem, device: DeviceSpec) -> 
     """Human-readable reasons why `config` cannot run `problem` on `device`; empty when it can."""
     if not isinstance(config, KernelConfig):
         return [f"expected a jitgemm.KernelConfig, got {type(config).__name__}"]
-    if device.arch not in SUPPORTED_ARCHS:
+    if device.arch not in registry.ARCH_NAMES:
         return [f"the device arch {device.arch!r} is not supported; supported: {list(SUPPORTED_ARCHS)}"]
     if config.arch != device.arch:
         # The arch rules of the config would not apply to this device at all.
@@ -81,7 +72,6 @@ def require_valid(config: KernelConfig, problem: Problem, device: DeviceSpec, so
 
 
 _FIELD_TYPES = {f.name: type(f.default) for f in fields(KernelConfig)}
-_TILE_FIELDS = ("block_m", "block_n", "num_consumers", "cluster_size", "multicast")
 
 
 def _parse_env(text: str) -> dict:
@@ -123,62 +113,10 @@ def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> Kerne
     if not text.strip():
         return None
     data = _parse_env(text)
-    chosen = select(problem, device)
-    merged = chosen.to_dict()
-    merged.update(data)
-    if device.arch == "sm_90a":
-        if "block_m" in data and "num_consumers" not in data:
-            merged["num_consumers"] = sm90.num_consumers_for(merged["block_m"])
-        if "multicast" in data and "cluster_size" not in data:
-            merged["cluster_size"] = 1 if merged["multicast"] == "none" else 2
-        if "cluster_size" in data and "multicast" not in data:
-            if merged["cluster_size"] == 1:
-                merged["multicast"] = "none"
-            elif merged["multicast"] == "none":   # pair along the longer side by default
-                merged["multicast"] = "A" if problem.n >= problem.m else "B"
-        if merged["swap_ab"]:
-            # swap_ab takes none of select's per-tile extras (jitgemm.layout.structural_problems),
-            # and select's pair would pair other tiles: unpaired unless a pair is given
-            extras = (("b_tail", False), ("a_rows", 0), ("split_k", 1)) + \
-                ((("cluster_size", 1), ("multicast", "none")) if "cluster_size" not in data and "multicast" not in data else ())
-            for field, off in extras:
-                if field not in data:
-                    merged[field] = off
-    elif device.arch == "sm_100a":
-        # The sm100 rules: one MMA consumer per 128 kernel rows; a 2-CTA pair splits the MMA-B
-        # side, the user's B, or A under swap_ab.
-        if "block_m" in data and "num_consumers" not in data:
-            merged["num_consumers"] = max(1, merged["block_m"] // 128)
-        if "multicast" in data and "cluster_size" not in data:
-            merged["cluster_size"] = 1 if merged["multicast"] == "none" else 2
-        if "multicast" not in data and ("cluster_size" in data or "swap_ab" in data):
-            merged["multicast"] = ("A" if merged["swap_ab"] else "B") if merged["cluster_size"] == 2 else "none"
     try:
-        cfg = KernelConfig(**merged)
+        cfg = _arch_module(device.arch).config_with_fields(select(problem, device), data, problem, device)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{ENV_VAR}={text!r}: {exc}") from None
-    tile_changed = any(k in data for k in _TILE_FIELDS + ("out_dtype", "swap_ab"))
-    if device.arch == "sm_100a" and tile_changed:
-        from jitgemm.layout_sm100 import structural_problems as sm100_structural
-        sm100 = _arch_module("sm_100a")
-        if not sm100_structural(cfg):
-            if "num_stages" not in data:
-                cfg, _ = sm100.with_stages(cfg, device)
-            if "raster" not in data and "group_size" not in data:
-                cfg = sm100.with_raster(cfg, problem, device)
-    if device.arch == "sm_90a" and (tile_changed or "split_k" in data):
-        from jitgemm.layout import structural_problems
-        if (tile_changed and structural_problems(cfg) and "cluster_size" not in data
-                and "multicast" not in data):
-            # select's pairing does not fit the tile that was given: run without a cluster
-            cfg = with_fields(cfg, cluster_size=1, multicast="none")
-        if not structural_problems(cfg):
-            if tile_changed and "num_stages" not in data:
-                cfg, _ = sm90.with_stages(cfg, device)
-            if tile_changed and "split_k" not in data and not cfg.swap_ab:
-                cfg = sm90.with_split(cfg, problem, device)   # select's split was for its own tile
-            if "raster" not in data and "group_size" not in data:
-                cfg = sm90.with_raster(cfg, problem, device)
     reasons = check_config(cfg, problem, device)
     if reasons:
         raise ValueError(f"{ENV_VAR}={text!r} gives {cfg.name}, which cannot run {problem.describe()} "

@@ -32,8 +32,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
+from jitgemm import registry
 from jitgemm.config import KernelConfig
-from jitgemm.layout import SMEM_CAPACITY, kernel_shape, layout_of
+from jitgemm.archs.sm90.layout import layout_of
+from jitgemm.geometry import kernel_shape
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 # ----------------------------------------------------------------------------- device
@@ -184,9 +186,7 @@ class DeviceSpec:
     @property
     def smem_capacity(self) -> int:
         """Dynamic shared memory one CTA may request (bytes)."""
-        if self.arch not in SMEM_CAPACITY:
-            raise ValueError(f"unknown arch {self.arch!r}; known: {sorted(SMEM_CAPACITY)}")
-        return SMEM_CAPACITY[self.arch]
+        return registry.get(self.arch).smem_capacity
 
     @property
     def rates(self) -> ArchRates:
@@ -716,3 +716,8 @@ def explanation(problem: Problem, device: DeviceSpec, chosen: KernelConfig,
     }
     out.update(extra)
     return _jsonable(out)
+
+
+# KernelConfig fields that make another tile: a JITGEMM_CONFIG override that gives one re-derives
+# the stages, the split and the raster (each arch's `config_with_fields`).
+TILE_FIELDS = ("block_m", "block_n", "num_consumers", "cluster_size", "multicast", "out_dtype", "swap_ab")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 
 from jitgemm.config import KernelConfig
-from jitgemm.layout_sm100 import (MN_PIECE, TMEM_COLUMNS, UMMA_M, layout_of, smem_bytes,
+from jitgemm.archs.sm100.layout import (MN_PIECE, TMEM_COLUMNS, UMMA_M, layout_of, smem_bytes,
                                   structural_problems)
 from jitgemm.problem import DTYPE_BYTES, Problem
 
@@ -237,3 +237,23 @@ def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
     return explain_search(ARCH, candidates, with_raster, problem, device, top, cost_model=COST_MODEL,
                           note="sm_100a kernels are compiled and SASS-checked only; "
                                "they have not run on Blackwell hardware")
+
+
+def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, device: DeviceSpec) -> KernelConfig:
+    """`chosen` with the fields of a JITGEMM_CONFIG override, and those that follow from them
+    re-derived by these rules: one MMA consumer per 128 kernel rows; a 2-CTA pair splits the
+    MMA-B side, the user's B, or A under swap_ab (see heuristics.config_from_env)."""
+    merged = {**chosen.to_dict(), **data}
+    if "block_m" in data and "num_consumers" not in data:
+        merged["num_consumers"] = max(1, merged["block_m"] // UMMA_M)
+    if "multicast" in data and "cluster_size" not in data:
+        merged["cluster_size"] = 1 if merged["multicast"] == "none" else 2
+    if "multicast" not in data and ("cluster_size" in data or "swap_ab" in data):
+        merged["multicast"] = ("A" if merged["swap_ab"] else "B") if merged["cluster_size"] == 2 else "none"
+    cfg = KernelConfig(**merged)
+    if any(k in data for k in common.TILE_FIELDS) and not structural_problems(cfg):
+        if "num_stages" not in data:
+            cfg, _ = with_stages(cfg, device)
+        if "raster" not in data and "group_size" not in data:
+            cfg = with_raster(cfg, problem, device)
+    return cfg

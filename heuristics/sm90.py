@@ -32,8 +32,9 @@ from __future__ import annotations
 import functools
 
 from jitgemm.config import KernelConfig
-from jitgemm.layout import (SMEM_CAPACITY, WGMMA_M, KernelLayout, kernel_multicast, kernel_shape, layout_of, read_batch,
+from jitgemm.archs.sm90.layout import (SMEM_CAPACITY, WGMMA_M, KernelLayout, kernel_multicast, layout_of, read_batch,
                             structural_problems)
+from jitgemm.geometry import kernel_shape
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 from . import common
@@ -44,7 +45,7 @@ from .common import (Candidate, DeviceSpec, Rejection, Traffic, ceil_div, choose
 
 ARCH = "sm_90a"
 
-# Register split of the template (setmaxnreg in templates/sm90_gemm.cu.j2).
+# Register split of the template (setmaxnreg in templates/sm90/gemm.cu.j2).
 PRODUCER_REGS = 40
 CONSUMER_REGS = 232
 REGISTER_FILE = 65536          # 32-bit registers per SM
@@ -77,7 +78,7 @@ SPLITK_ACC_REG_LIMIT = 96      # split 0 holds its accumulators and a whole spli
 # Fixed per-tile costs of the epilogue, clock cycles.
 EPILOGUE_FIXED_CLK = 400       # drain the last wgmma, barriers, issue the TMA stores
 C_LOAD_LATENCY_CLK = 1000      # has_c: the C tile is loaded after the main loop and waited for
-# Split-K fix-up, serial after the main loop (templates/sm90_gemm.cu.j2, "split-K fix-up"):
+# Split-K fix-up, serial after the main loop (templates/sm90/gemm.cu.j2, "split-K fix-up"):
 # splits 1.. store their partials, fence and count in; split 0 sees the count (its own
 # acquiring load): two L2 round trips; then it reads the partials back, a batch of splits at a
 # time with all of a batch's loads in flight together (see readback_rounds).
@@ -438,7 +439,7 @@ def stage_smem(cfg: KernelConfig) -> int:
     ran 8192^3 in 1659 against 1617 with 3 stages and all 4, 4096x32768x512 in 250 against 247,
     4096x24576x1536 in 493 against 486."""
     shallow = with_fields(cfg, num_stages=MIN_STAGES)
-    if _smem_with_whole_staging(shallow) <= SMEM_CAPACITY[cfg.arch]:
+    if _smem_with_whole_staging(shallow) <= SMEM_CAPACITY:
         return _smem_with_whole_staging(cfg)
     return layout_of(cfg).smem_bytes
 
@@ -546,3 +547,41 @@ def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
     layouts the rules removed (see common.explanation for the keys)."""
     return explain_search(ARCH, candidates, finish, problem, device, top, cost_model=COST_MODEL,
                           clock_ghz=device.rates.clock_ghz)
+
+
+def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, device: DeviceSpec) -> KernelConfig:
+    """`chosen` with the fields of a JITGEMM_CONFIG override, and those that follow from them
+    re-derived by these rules (see heuristics.config_from_env)."""
+    merged = {**chosen.to_dict(), **data}
+    if "block_m" in data and "num_consumers" not in data:
+        merged["num_consumers"] = num_consumers_for(merged["block_m"])
+    if "multicast" in data and "cluster_size" not in data:
+        merged["cluster_size"] = 1 if merged["multicast"] == "none" else 2
+    if "cluster_size" in data and "multicast" not in data:
+        if merged["cluster_size"] == 1:
+            merged["multicast"] = "none"
+        elif merged["multicast"] == "none":   # pair along the longer side by default
+            merged["multicast"] = "A" if problem.n >= problem.m else "B"
+    if merged["swap_ab"]:
+        # swap_ab takes none of select's per-tile extras (layout.structural_problems), and
+        # select's pair would pair other tiles: unpaired unless a pair is given
+        extras = (("b_tail", False), ("a_rows", 0), ("split_k", 1)) + \
+            ((("cluster_size", 1), ("multicast", "none")) if "cluster_size" not in data and "multicast" not in data else ())
+        for field, off in extras:
+            if field not in data:
+                merged[field] = off
+    cfg = KernelConfig(**merged)
+    tile_changed = any(k in data for k in common.TILE_FIELDS)
+    if not (tile_changed or "split_k" in data):
+        return cfg
+    if tile_changed and structural_problems(cfg) and "cluster_size" not in data and "multicast" not in data:
+        # select's pairing does not fit the tile that was given: run without a cluster
+        cfg = with_fields(cfg, cluster_size=1, multicast="none")
+    if not structural_problems(cfg):
+        if tile_changed and "num_stages" not in data:
+            cfg, _ = with_stages(cfg, device)
+        if tile_changed and "split_k" not in data and not cfg.swap_ab:
+            cfg = with_split(cfg, problem, device)   # select's split was for its own tile
+        if "raster" not in data and "group_size" not in data:
+            cfg = with_raster(cfg, problem, device)
+    return cfg

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import math
 import numbers
@@ -12,16 +11,13 @@ import warnings
 import numpy as np
 from cuda.bindings import driver
 
-from . import heuristics, kernels, launch, runtime, tuning
+from . import context, heuristics, kernels, launch, registry, runtime, tuning
 from .config import KernelConfig
 from .heuristics import DeviceSpec
 from .operands import (GENERIC, HOST, LEGACY_STREAM, NUMPY_NAMES, TMA_ALIGN, UNRESOLVED, View, describe,
                        lib_of, needs_consumer_stream, overlaps, resolve_device, stream_wait)
 from .problem import MAX_OUTPUT_ELEMENTS, Problem
 
-# Compute capability 9.0 -> sm_90a kernels (run and verified on an H200); 10.0 -> sm_100a
-# kernels (compiled and SASS-checked only: never run on Blackwell hardware yet).
-SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
 PLAN_CACHE_SIZE = 1024
 
 
@@ -33,13 +29,15 @@ class FallbackCopyWarning(UserWarning):
 @functools.lru_cache(maxsize=None)
 def device_spec(ordinal: int) -> DeviceSpec:
     info = runtime.device_info(ordinal)
-    if info.arch not in SUPPORTED_ARCHS:
-        raise RuntimeError(f"jitgemm runs kernels on compute capability 9.0 (sm_90a, Hopper) and 10.0 "
-                           f"(sm_100a, Blackwell); device {ordinal} ({info.name}) is compute capability "
+    if info.arch is None:
+        supported = ", ".join(f"{registry.get(name).compute_capability[0]}.{registry.get(name).compute_capability[1]} "
+                              f"({name})" for name in registry.ARCH_NAMES)
+        raise RuntimeError(f"jitgemm runs kernels on compute capability {supported}; device {ordinal} "
+                           f"({info.name}) is compute capability "
                            f"{info.compute_capability[0]}.{info.compute_capability[1]}")
-    if info.arch == "sm_100a":
-        warnings.warn("jitgemm's sm_100a kernels are compiled and checked in their SASS but have not "
-                      "yet run on Blackwell hardware; verify results on your device", RuntimeWarning, stacklevel=3)
+    if not registry.get(info.arch).verified_on_hardware:
+        warnings.warn(f"jitgemm's {info.arch} kernels are compiled and checked in their SASS but have not "
+                      "yet run on such hardware; verify results on your device", RuntimeWarning, stacklevel=3)
     return DeviceSpec(arch=info.arch, num_sms=info.num_sms)
 
 
@@ -111,47 +109,6 @@ def _scalar(value, argname: str) -> float:
         raise ValueError(f"{argname}: expected a finite real number representable in float32 "
                          f"(|x| <= {FLOAT32_MAX:.8g}), got {value!r}")
     return x
-
-
-# --------------------------------------------------------------------------------------------
-# CUDA context and stream helpers
-# --------------------------------------------------------------------------------------------
-_primary: dict = {}
-
-
-def _primary_context(ordinal: int) -> tuple:
-    """(handle as int, CUcontext) of the device's primary context, retained once per process."""
-    found = _primary.get(ordinal)
-    if found is None:
-        runtime.init_driver()
-        dev = runtime.check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
-        ctx = runtime.check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-        found = _primary[ordinal] = (int(ctx), ctx)
-    return found
-
-
-@contextlib.contextmanager
-def _on_device(ordinal: int):
-    """Make the device's primary context current for the block, restoring the caller's."""
-    handle, ctx = _primary_context(ordinal)
-    current = driver.cuCtxGetCurrent()[1]
-    if current is not None and int(current) == handle:
-        yield
-        return
-    runtime.check(driver.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
-    try:
-        yield
-    finally:
-        driver.cuCtxPopCurrent()
-
-
-def _current_device() -> int:
-    """The ordinal of the current context's device (0 when no context is current)."""
-    runtime.init_driver()
-    ctx = runtime.check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    if ctx is None or int(ctx) == 0:
-        return 0
-    return int(runtime.check(driver.cuCtxGetDevice(), "cuCtxGetDevice"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,88 +193,20 @@ def _kernel(cfg: KernelConfig, problem: Problem, dev: int, stream: int):
     return kernels.get(cfg, dev, problem=problem)
 
 
-class _Launch:
-    """One kernel launch with its arguments packed once: TMA descriptors, (M, N, K), (alpha, beta).
-    Split-K kernels go through `launch.launch_gemm` on every call instead, because their
-    workspace can be reallocated between calls."""
-    __slots__ = ("kern", "maps", "ints", "floats", "params", "address", "config", "function",
-                 "alpha", "beta")
-
-    def __init__(self, kern: "_Kernel", maps: list, alpha: float, beta: float):
-        p = kern.problem
-        self.kern, self.maps, self.alpha, self.beta = kern, maps, alpha, beta
-        self.ints = (ctypes.c_int * 3)(p.m, p.n, p.k)
-        self.floats = (ctypes.c_float * 2)(alpha, beta)
-        ints, floats = ctypes.addressof(self.ints), ctypes.addressof(self.floats)
-        pointers = [int(t.getPtr()) for t in maps] + [ints, ints + 4, ints + 8, floats, floats + 4]
-        self.params = (ctypes.c_void_p * len(pointers))(*pointers)
-        self.address = ctypes.addressof(self.params)
-        self.config = None if kern.cfg.split_k > 1 else runtime.launch_config(kern.kernel, kern.grid, kern.stream)
-        self.function = kern.kernel.function
-
-    def __call__(self):
-        kern = self.kern
-        current = driver.cuCtxGetCurrent()[1]
-        if current is not None and int(current) == kern.context[0]:
-            self._launch()
-            return
-        runtime.check(driver.cuCtxPushCurrent(kern.context[1]), "cuCtxPushCurrent")
-        try:
-            self._launch()
-        finally:
-            driver.cuCtxPopCurrent()
-
-    def _launch(self):
-        kern = self.kern
-        if kern.cfg.split_k > 1:
-            p = kern.problem
-            launch.launch_gemm(kern.kernel, kern.lay, kern.num_sms, kern.dev, kern.stream, self.maps,
-                               p.m, p.n, p.k, self.alpha, self.beta)
-            return
-        err = driver.cuLaunchKernelEx(self.config, self.function, self.address, 0)[0]
-        if err != driver.CUresult.CUDA_SUCCESS:
-            runtime.check((err,), f"cuLaunchKernelEx({kern.kernel.name}, grid={kern.grid})")
-
-
 class _Kernel:
     """A selected, loaded kernel for one problem on one device and stream: builds launches."""
 
     def __init__(self, problem: Problem, cfg: KernelConfig, dev: int, stream: int):
-        spec = device_spec(dev)
-        self.problem, self.cfg = problem, cfg
+        self.problem, self.cfg, self.dev, self.stream = problem, cfg, dev, stream
+        self.arch = registry.get(cfg.arch)
         self.kernel, self.lay = _kernel(cfg, problem, dev, stream)
-        self.num_sms = spec.num_sms
-        self.grid = launch.grid_size(cfg, problem.m, problem.n, problem.k, spec.num_sms)
-        self.dev, self.stream = dev, stream
-        self.context = _primary_context(dev)
+        self.grid = self.arch.grid_size(cfg, problem, device_spec(dev).num_sms)
+        self.tiles = self.arch.cluster_tiles(cfg, problem.m, problem.n) * cfg.cluster_size
 
-    def operand_maps(self, va: View, vb: View, vc: View | None) -> list:
-        p, lay = self.problem, self.lay
-        m, n, k, dt = p.m, p.n, p.k, p.dtype
-        if p.a_major == "K":
-            map_a = runtime.tensor_map_2d(dt, va.ptr, k, m, va.leading_stride_bytes(1), lay.a.box, lay.a.swizzle)
-        else:
-            map_a = runtime.tensor_map_2d(dt, va.ptr, m, k, va.leading_stride_bytes(0), lay.a.box, lay.a.swizzle)
-        if p.b_major == "N":
-            map_b = runtime.tensor_map_2d(dt, vb.ptr, n, k, vb.leading_stride_bytes(1), lay.b.box, lay.b.swizzle)
-        else:
-            map_b = runtime.tensor_map_2d(dt, vb.ptr, k, n, vb.leading_stride_bytes(0), lay.b.box, lay.b.swizzle)
-        maps = [map_a, map_b]
-        if vc is not None:
-            maps.append(self.output_map(vc.ptr, vc.leading_stride_bytes(1)))
-        tail = getattr(lay.b, "tail", None)   # sm_90a: the narrow last columns of an N-major B tile
-        if tail is not None:
-            maps.append(runtime.tensor_map_2d(dt, vb.ptr, n, k, vb.leading_stride_bytes(1), tail.box, tail.swizzle))
-        return maps
-
-    def output_map(self, ptr: int, stride_bytes: int):
-        p, lay = self.problem, self.lay
-        return runtime.tensor_map_2d(p.out_dtype, ptr, p.n, p.m, stride_bytes, lay.out_box, lay.out_swizzle)
-
-    def launch(self, operand_maps: list, vd_ptr: int, vd_stride: int, alpha: float, beta: float) -> _Launch:
-        # kernel parameters: map_a, map_b, map_d[, map_c][, map_b_tail], M, N, K, alpha, beta
-        maps = operand_maps[:2] + [self.output_map(vd_ptr, vd_stride)] + operand_maps[2:]
-        return _Launch(self, maps, alpha, beta)
+    def launch(self, va: View, vb: View, vd: View, vc: View | None, alpha: float, beta: float) -> launch.KernelLaunch:
+        maps = self.arch.tensor_maps(self.problem, self.lay, va, vb, vd, vc)
+        return launch.KernelLaunch(self.kernel, self.cfg, self.problem, maps, alpha, beta, self.grid,
+                                   self.tiles, self.dev, self.stream)
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,12 +216,11 @@ class _Plan:
     """Everything a repeated call with the same arrays (pointers, shapes, strides, dtypes,
     device), scalars and stream needs: the launch, or, when gemm allocates the result, one
     launch per result address the allocator hands out."""
-    __slots__ = ("lib", "kernel", "operand_maps", "alpha", "beta", "dev", "shape", "odt", "fixed",
-                 "by_out")
+    __slots__ = ("lib", "kernel", "operands", "alpha", "beta", "dev", "shape", "odt", "fixed", "by_out")
 
-    def __init__(self, lib, kernel: _Kernel, operand_maps: list, alpha: float, beta: float,
-                 fixed: _Launch | None):
-        self.lib, self.kernel, self.operand_maps = lib, kernel, operand_maps
+    def __init__(self, lib, kernel: _Kernel, operands: tuple, alpha: float, beta: float,
+                 fixed: launch.KernelLaunch | None):
+        self.lib, self.kernel, self.operands = lib, kernel, operands     # the views of a, b and c
         self.alpha, self.beta = alpha, beta
         self.dev = kernel.dev
         self.shape = (kernel.problem.m, kernel.problem.n)
@@ -357,8 +245,8 @@ class _Plan:
                 return None      # an unusual allocation: let the general path handle it
             if len(self.by_out) >= 16:
                 self.by_out.clear()
-            call = self.by_out[ptr] = self.kernel.launch(
-                self.operand_maps, ptr, self.shape[1] * (4 if self.odt == "fp32" else 2), self.alpha, self.beta)
+            va, vb, vc = self.operands
+            call = self.by_out[ptr] = self.kernel.launch(va, vb, lib.view(out, "out"), vc, self.alpha, self.beta)
         call()
         return out
 
@@ -536,14 +424,14 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
     if va.is_host:
         return _gemm_host(va, vb, vo, vc, m, n, k, odt, alpha, beta, explicit, config)
     if dev is None:      # only empty raw arrays: no memory anywhere to say which device
-        dev = _current_device()
+        dev = context.current_device()
     # Layouts, copies and the kernel configuration are decided (and a bad config rejected)
     # before any work is queued.
     decision = _Decision(va, vb, vc, m, n, k, odt, beta, config, dev) if m and n and k else None
     if handle is None:
         handle = va.lib.current_stream(dev)
     with contextlib.ExitStack() as scopes:
-        scopes.enter_context(_on_device(dev))
+        scopes.enter_context(context.on_device(dev))
         for lib in {v.lib for _, v in named if v.lib.fast}:
             if lib.current_stream(dev) != handle:
                 scopes.enter_context(lib.stream_scope(handle, dev))
@@ -615,8 +503,7 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, ha
         if out_given:
             _warn_copy("out", "cannot be written by TMA in place; the result is copied into it")
         vd = _aligned(vo.lib, m, n, 1, odt, dev, handle, "out", zero=False)
-    maps = kern.operand_maps(va, vb, vc_k)
-    call = kern.launch(maps, vd.ptr, vd.leading_stride_bytes(1), alpha, beta)
+    call = kern.launch(va, vb, vd, vc_k, alpha, beta)
     call()
     if vd is not vo:
         vo.lib.copy_(vo, vd, handle)
@@ -624,7 +511,7 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, ha
             v.lib is lib for v in (va, vb, vc_k, vo) if v is not None):
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.clear()
-        plan = _Plan(lib, kern, maps, alpha, beta, call if out_given else None)
+        plan = _Plan(lib, kern, (va, vb, vc_k), alpha, beta, call if out_given else None)
         if not out_given:
             plan.by_out[vo.ptr] = call
         _plans[plan_key] = plan
@@ -644,17 +531,17 @@ def _gemm_host(va, vb, vo, vc, m, n, k, odt, alpha, beta, explicit, config):
         else:
             lib.zero_(vo, None)
         return vo.array
-    dev = _current_device()
+    dev = context.current_device()
     stream = explicit if explicit is not None else LEGACY_STREAM
     d = _Decision(va, vb, vc, m, n, k, odt, beta, config, dev)
-    with _on_device(dev):
+    with context.on_device(dev):
         kern = _Kernel(d.problem, d.cfg, dev, stream)
         staged = []     # host buffers that must live until the stream has read them
         da = _upload(va, d.a_major, dev, stream, staged)
         db = _upload(vb, d.b_major, dev, stream, staged)
         dc = _upload(vc, 1, dev, stream, staged) if d.has_c else None
         dd = dc if d.has_c else _aligned(GENERIC, m, n, 1, odt, dev, stream, "out", zero=False)
-        kern.launch(kern.operand_maps(da, db, dc), dd.ptr, dd.leading_stride_bytes(1), alpha, beta)()
+        kern.launch(da, db, dd, dc, alpha, beta)()
         host = lib.empty((m, dd.strides[0]), odt, HOST, None)
         runtime.check(driver.cuMemcpyDtoHAsync(host.ctypes.data, dd.ptr, host.nbytes, driver.CUstream(stream)),
                       "cuMemcpyDtoHAsync")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from . import __version__, compiler, heuristics, kernels, runtime
+from . import __version__, compiler, heuristics, kernels, registry, runtime
 from .cache import CacheWarning, CorruptEntry, KernelCache, UnsafeError, offline_mode, read_entry
 from .config import ARCHS, KernelConfig, parse_json
 from .heuristics import DeviceSpec
@@ -30,7 +30,7 @@ from .problem import INPUT_DTYPES, LAYOUTS, MAX_DIM, OUTPUT_DTYPES, Problem
 from .render import kernel_name
 
 # SM counts assumed when the target arch is not the local GPU's: H100/H200 SXM and B200.
-DEFAULT_NUM_SMS = {"sm_90a": 132, "sm_100a": 148}
+DEFAULT_ARCH = ARCHS[0]     # the target without a GPU or --arch
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -140,17 +140,18 @@ def _target(arch: str | None, num_sms: int | None) -> DeviceSpec:
     gpu = _local_gpu()
     notes = []
     if arch is None:
-        if gpu is not None and gpu.arch in ARCHS:
+        if gpu is not None and gpu.arch is not None:
             arch = gpu.arch
         else:
-            arch = "sm_90a"
-            found = f"GPU 0 ({gpu.name}) is {gpu.arch}" if gpu is not None else "no CUDA GPU found"
-            notes.append(f"{found}; targeting sm_90a (choose with --arch)")
+            arch = DEFAULT_ARCH
+            found = (f"GPU 0 ({gpu.name}) is compute capability {'.'.join(map(str, gpu.compute_capability))}"
+                     if gpu is not None else "no CUDA GPU found")
+            notes.append(f"{found}; targeting {arch} (choose with --arch)")
     if num_sms is None:
         if gpu is not None and gpu.arch == arch:
             num_sms = gpu.num_sms
         else:
-            num_sms = DEFAULT_NUM_SMS[arch]
+            num_sms = registry.get(arch).default_num_sms
             notes.append(f"assuming {num_sms} SMs for {arch} (choose with --num-sms)")
     if notes:
         click.echo("jitgemm: note: " + "; ".join(notes), err=True)

@@ -5,8 +5,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 from .problem import A_MAJORS, B_MAJORS, DTYPE_BYTES, INPUT_DTYPES, OUTPUT_DTYPES
-
-ARCHS = ("sm_90a", "sm_100a")
+from .registry import ARCH_NAMES as ARCHS
 
 
 def _exact(value, want: type) -> bool:

@@ -6,13 +6,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compiler, runtime
+from . import compiler, context, registry, runtime
 from .cache import CacheResult, KernelCache, OfflineError, cache_key
 from .config import KernelConfig
-from . import layout_sm100
-from .layout import KernelLayout, layout_of
 from .problem import Problem
-from .render import WAITS_FOR_PREVIOUS_GRID, kernel_name, render
+from .render import kernel_name
 
 __all__ = ["BuiltKernel", "KernelSource", "OfflineError", "build", "default_cache", "get", "is_loaded",
            "precompile_commands", "prepare"]
@@ -22,7 +20,7 @@ __all__ = ["BuiltKernel", "KernelSource", "OfflineError", "build", "default_cach
 class KernelSource:
     """Everything about a kernel that is known before compiling it."""
     config: KernelConfig
-    layout: KernelLayout
+    layout: object         # the arch's KernelLayout
     name: str
     source: str
     options: tuple
@@ -36,7 +34,7 @@ class KernelSource:
 @dataclass(frozen=True)
 class BuiltKernel:
     config: KernelConfig
-    layout: KernelLayout
+    layout: object
     name: str
     cache: CacheResult
 
@@ -62,8 +60,8 @@ def default_cache() -> KernelCache:
 
 def prepare(config: KernelConfig) -> KernelSource:
     """Render `config` and collect what its cache key covers; compiles nothing."""
-    lay = layout_sm100.layout_of(config) if config.arch == "sm_100a" else layout_of(config)
-    return KernelSource(config, lay, kernel_name(config), render(config),
+    arch = registry.get(config.arch)
+    return KernelSource(config, arch.layout_of(config), kernel_name(config), arch.render(config),
                         compiler.options_for(config.arch), compiler.nvrtc_version())
 
 
@@ -122,10 +120,10 @@ def get(config: KernelConfig, ordinal: int, problem: Problem | None = None):
         found = _loaded.get(key)
         if found is None:
             built = build(config, problem=problem)
-            runtime.ensure_context(ordinal)
+            context.make_current(ordinal)
             kernel = runtime.load_kernel(built.cubin, built.name, built.layout.smem_bytes,
                                          built.layout.num_threads, config.cluster_size,
-                                         config.arch in WAITS_FOR_PREVIOUS_GRID)
+                                         registry.get(config.arch).waits_for_previous_grid)
             found = (kernel, built.layout)
             _loaded[key] = found
     return found

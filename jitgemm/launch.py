@@ -1,4 +1,6 @@
-"""Grid size, split-K workspace and kernel arguments for one GEMM launch."""
+"""The one launch path: a kernel's parameters packed once per call site (`KernelLaunch`), the
+split-K workspace of each stream or captured graph, and cuLaunchKernelEx in the device's
+primary context."""
 from __future__ import annotations
 
 import ctypes
@@ -6,38 +8,13 @@ import threading
 
 from cuda.bindings import driver
 
-from . import layout_sm100, runtime
+from . import context, geometry, runtime
 from .config import KernelConfig
-from .layout import KernelLayout, kernel_multicast, kernel_shape
+from .problem import Problem
 
 
 class CaptureError(RuntimeError):
     """A call needs a kernel compiled or loaded while its stream captures a CUDA graph."""
-
-
-def cluster_tiles(cfg: KernelConfig, m: int, n: int) -> int:
-    """Work items of one K split (sm_90a): kernel tiles, or tile pairs for a 2-CTA cluster."""
-    km, kn = kernel_shape(cfg, m, n)
-    tiles_m, tiles_n = -(-km // cfg.block_m), -(-kn // cfg.block_n)
-    shared = kernel_multicast(cfg)
-    if shared == "A":
-        tiles_n = -(-tiles_n // 2)
-    elif shared == "B":
-        tiles_m = -(-tiles_m // 2)
-    return tiles_m * tiles_n
-
-
-def num_splits(cfg: KernelConfig, k: int) -> int:
-    """K splits actually used: at most one per K block, so no split is empty."""
-    return max(1, min(cfg.split_k, -(-k // cfg.block_k)))
-
-
-def grid_size(cfg: KernelConfig, m: int, n: int, k: int, num_sms: int) -> int:
-    """CTAs to launch: persistent, at most one per SM, a multiple of the cluster size."""
-    if cfg.arch == "sm_100a":
-        return layout_sm100.grid_size(cfg, m, n, num_sms)
-    units = cluster_tiles(cfg, m, n) * num_splits(cfg, k)
-    return min(units, num_sms // cfg.cluster_size) * cfg.cluster_size
 
 
 def stream_is_capturing(stream: int) -> bool:
@@ -248,24 +225,56 @@ class _relaxed_capture_mode:
 _graph_workspaces = _GraphWorkspaces()
 
 
-def launch_gemm(kernel, lay: KernelLayout, num_sms: int, device: int, stream: int, maps: list,
-                m: int, n: int, k: int, alpha: float, beta: float) -> None:
-    """Launch a loaded GEMM kernel: maps are (A, B, D[, C]) tensor maps."""
-    cfg = lay.config
-    grid = grid_size(cfg, m, n, k, num_sms)
-    if cfg.split_k == 1:
-        runtime.launch(kernel, grid, stream, maps, [m, n, k], [alpha, beta])
-        return
-    splits = num_splits(cfg, k)
-    tiles = cluster_tiles(cfg, m, n) * cfg.cluster_size
-    # fp32 partial tiles, a slot per split: whichever split finishes last reduces the tile
-    partial_bytes = _round(tiles * splits * cfg.block_m * cfg.block_n * 4)
-    counter_bytes = _round(tiles * cfg.num_consumers * 8)   # parked and started, per tile and warpgroup
-    if stream_is_capturing(stream):
-        partials, counters = _graph_workspaces.ensure(device, stream, partial_bytes, counter_bytes)
-        runtime.launch(kernel, grid, stream, maps, [m, n, k], [alpha, beta], (partials, counters, splits))
-        return
-    ws = _workspace(device, stream)
-    with ws.lock:
-        partials, counters = ws.ensure(partial_bytes, counter_bytes, stream)
-        runtime.launch(kernel, grid, stream, maps, [m, n, k], [alpha, beta], (partials, counters, splits))
+class KernelLaunch:
+    """One kernel launch with its parameters packed once: the tensor maps (`arch.tensor_maps`
+    order), M, N, K, alpha, beta, and for split-K the workspace and tile-counter pointers
+    (filled in at each call: a stream's workspace can grow between calls) and the split count.
+    Calling it launches on `stream` in the device's primary context."""
+    __slots__ = ("kernel", "cfg", "maps", "grid", "tiles", "device", "stream", "ctx", "ints", "floats",
+                 "pointers", "splits", "params", "address", "config")
+
+    def __init__(self, kernel: runtime.LoadedKernel, cfg: KernelConfig, problem: Problem, maps: list,
+                 alpha: float, beta: float, grid: int, tiles: int, device: int, stream: int):
+        """`tiles`: the CTA tiles of one K split (the split-K workspace holds a partial of each)."""
+        self.kernel, self.cfg, self.maps = kernel, cfg, maps
+        self.grid, self.tiles, self.device, self.stream = grid, tiles, device, stream
+        self.ctx = context.primary(device)
+        self.ints = (ctypes.c_int * 3)(problem.m, problem.n, problem.k)
+        self.floats = (ctypes.c_float * 2)(alpha, beta)
+        ints, floats = ctypes.addressof(self.ints), ctypes.addressof(self.floats)
+        args = [int(t.getPtr()) for t in maps] + [ints, ints + 4, ints + 8, floats, floats + 4]
+        self.pointers = self.splits = None
+        if cfg.split_k > 1:
+            splits = geometry.num_splits(cfg, problem.k)
+            self.pointers = (ctypes.c_void_p * 2)()
+            self.splits = ctypes.c_int(splits)
+            pointers = ctypes.addressof(self.pointers)
+            args += [pointers, pointers + 8, ctypes.addressof(self.splits)]
+        self.params = (ctypes.c_void_p * len(args))(*args)
+        self.address = ctypes.addressof(self.params)
+        self.config = runtime.launch_config(kernel, grid, stream)
+
+    def __call__(self) -> None:
+        with context.current(self.ctx):
+            if self.pointers is None:
+                self._launch()
+            elif stream_is_capturing(self.stream):
+                self.pointers[:] = _graph_workspaces.ensure(self.device, self.stream, *self.workspace_bytes())
+                self._launch()
+            else:
+                ws = _workspace(self.device, self.stream)
+                with ws.lock:      # until the launch is queued: no other thread may grow the buffer
+                    self.pointers[:] = ws.ensure(*self.workspace_bytes(), self.stream)
+                    self._launch()
+
+    def workspace_bytes(self) -> tuple:
+        """(partial bytes, counter bytes) of a split-K launch: an fp32 partial tile per split (whichever
+        split finishes last reduces a tile), and two counters per tile and math warpgroup."""
+        cfg, tiles = self.cfg, self.tiles
+        return (_round(tiles * self.splits.value * cfg.block_m * cfg.block_n * 4),
+                _round(tiles * cfg.num_consumers * 8))
+
+    def _launch(self) -> None:
+        err = driver.cuLaunchKernelEx(self.config, self.kernel.function, self.address, 0)[0]
+        if err != driver.CUresult.CUDA_SUCCESS:
+            runtime.check((err,), f"cuLaunchKernelEx({self.kernel.name}, grid={self.grid})")

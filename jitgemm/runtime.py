@@ -1,7 +1,6 @@
-"""CUDA driver plumbing through cuda-python: context, module load, TMA descriptors, launch."""
+"""CUDA driver plumbing through cuda-python: devices, module load, TMA descriptors, launch configs."""
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import threading
@@ -9,6 +8,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from cuda.bindings import driver
+
+from . import registry
 
 
 class CudaError(RuntimeError):
@@ -53,10 +54,9 @@ class DeviceInfo:
     smem_per_block_optin: int
 
     @property
-    def arch(self) -> str:
-        """The kernel target for this device (sm_90a, sm_100a, ...)."""
-        major, minor = self.compute_capability
-        return f"sm_{major}{minor}a"
+    def arch(self) -> str | None:
+        """The kernel target for this device (sm_90a, sm_100a), or None where jitgemm has none."""
+        return registry.name_of(self.compute_capability)
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,23 +78,6 @@ def device_info(ordinal: int) -> DeviceInfo:
         num_sms=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
         smem_per_block_optin=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
     )
-
-
-_context_lock = threading.Lock()
-
-
-def ensure_context(ordinal: int) -> None:
-    """Make the device's primary context current on this thread (CuPy and torch use it too)."""
-    init_driver()
-    ctx = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    if ctx is not None and int(ctx) != 0:
-        current = check(driver.cuCtxGetDevice(), "cuCtxGetDevice")
-        if int(current) == ordinal:
-            return
-    with _context_lock:
-        dev = check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
-        primary = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-        check(driver.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
 
 
 @dataclass(frozen=True)
@@ -204,16 +187,3 @@ def launch_config(kernel: LoadedKernel, grid: int, stream: int):
             _launch_configs.clear()
         _launch_configs[key] = cfg
     return cfg
-
-
-def launch(kernel: LoadedKernel, grid: int, stream: int, tensor_maps: list, ints: list, floats: list,
-           split_k: tuple | None = None):
-    """Launch `kernel` on `stream` with args (*tensor_maps, *ints, *floats[, workspace pointer,
-    tile-counter pointer, number of splits])."""
-    values = tuple(tensor_maps) + tuple(ints) + tuple(floats)
-    types = (None,) * len(tensor_maps) + (ctypes.c_int,) * len(ints) + (ctypes.c_float,) * len(floats)
-    if split_k is not None:
-        values += tuple(split_k)
-        types += (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
-    check(driver.cuLaunchKernelEx(launch_config(kernel, grid, stream), kernel.function, (values, types), 0),
-          f"cuLaunchKernelEx({kernel.name}, grid={grid})")

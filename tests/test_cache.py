@@ -490,8 +490,8 @@ def test_offline_variable_is_validated(tmp_cache, monkeypatch):
 # ---- the per-process table and import cost ----
 
 def test_a_warm_get_does_no_file_io(warm_cache, monkeypatch, no_compile):
-    from jitgemm import runtime
-    monkeypatch.setattr(runtime, "ensure_context", lambda ordinal: None)
+    from jitgemm import context, runtime
+    monkeypatch.setattr(context, "make_current", lambda ordinal: None)
     monkeypatch.setattr(runtime, "load_kernel", lambda cubin, name, *rest: SimpleNamespace(cubin=cubin, name=name))
     monkeypatch.setattr(kernels, "_loaded", {})
     assert not kernels.is_loaded(SMALL, 0)

@@ -91,8 +91,9 @@ def cpu_only(monkeypatch):
     monkeypatch.setenv("JITGEMM_TUNED", "0")     # a tuning file would ask the driver for the device name
     monkeypatch.setattr(operands, "pointer_device", lambda ptr: (ptr >> DEVICE_BITS) - 1)
     monkeypatch.setattr(api, "device_spec", lambda ordinal: DeviceSpec("sm_90a", 132))
-    for name in ("_on_device", "_current_device", "stream_wait"):
-        monkeypatch.setattr(api, name, _tripwire)
+    for name in ("on_device", "current_device"):
+        monkeypatch.setattr(api.context, name, _tripwire)
+    monkeypatch.setattr(api, "stream_wait", _tripwire)
     monkeypatch.setattr(launch, "stream_is_capturing", _tripwire)
     monkeypatch.setattr(api.kernels, "get", _tripwire)
 

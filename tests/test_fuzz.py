@@ -44,10 +44,10 @@ def cpu_only(monkeypatch):
     monkeypatch.delenv("JITGEMM_CONFIG", raising=False)
     monkeypatch.setattr(operands, "pointer_device", lambda ptr: 0)
     monkeypatch.setattr(api, "device_spec", lambda ordinal: H200)
-    monkeypatch.setattr(api, "_current_device", lambda: 0)
+    monkeypatch.setattr(api.context, "current_device", lambda: 0)
     # The first GPU work of each path: the device path enters the device's context, the host
     # path (NumPy) uploads in _gemm_host.
-    monkeypatch.setattr(api, "_on_device", _passed)
+    monkeypatch.setattr(api.context, "on_device", _passed)
     monkeypatch.setattr(api, "_gemm_host", _passed)
 
 

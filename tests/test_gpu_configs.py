@@ -7,9 +7,9 @@ import pytest
 
 import jitgemm
 from gpu_helpers import assert_close, guard_untouched, guarded_out, random_operand
-from jitgemm import api, launch
+from jitgemm import api, geometry, registry
 from jitgemm.config import KernelConfig
-from jitgemm.layout import SMEM_CAPACITY, layout_of
+from jitgemm.archs.sm90.layout import SMEM_CAPACITY, layout_of
 
 pytestmark = pytest.mark.gpu
 
@@ -81,7 +81,7 @@ def forced_config(knobs, dtype, out_dtype, a_layout, b_layout, has_c=False):
         knobs = {key: value for key, value in knobs.items() if key != "b_tail"}
     cfg = KernelConfig(dtype=dtype, out_dtype=out_dtype, a_major="K" if a_layout == "row" else "M",
                        b_major="N" if b_layout == "row" else "K", has_c=has_c, **knobs)
-    while layout_of(cfg).smem_bytes > SMEM_CAPACITY["sm_90a"] and cfg.num_stages > 2:
+    while layout_of(cfg).smem_bytes > SMEM_CAPACITY and cfg.num_stages > 2:
         cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
 
@@ -128,8 +128,8 @@ def many_tiles_shape(cfg, shape):
     m, n, k = shape
     num_sms = api.device_spec(0).num_sms
     bm, bn = (cfg.block_n, cfg.block_m) if cfg.swap_ab else (cfg.block_m, cfg.block_n)   # user M, N
-    splits = launch.num_splits(cfg, k)
-    while launch.cluster_tiles(cfg, m, n) * splits < MIN_UNITS_PER_CTA * (num_sms // cfg.cluster_size):
+    splits = geometry.num_splits(cfg, k)
+    while registry.get(cfg.arch).cluster_tiles(cfg, m, n) * splits < MIN_UNITS_PER_CTA * (num_sms // cfg.cluster_size):
         if cfg.a_rows or -(-n // bn) <= -(-m // bm):
             n += bn
         else:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jitgemm.config import KernelConfig
-from jitgemm.layout import layout_of, structural_problems
+from jitgemm.archs.sm90.layout import layout_of, structural_problems
 from jitgemm.problem import LAYOUTS, Problem
 from jitgemm.render import render
 from jitgemm import heuristics
@@ -525,7 +525,7 @@ def test_selection_does_not_depend_on_hash_seed(tmp_path):
 
 
 def test_select_rejects_unknown_arch():
-    with pytest.raises(ValueError, match="no heuristics for arch 'sm_80'"):
+    with pytest.raises(ValueError, match="unknown arch 'sm_80'; supported: \\['sm_90a', 'sm_100a'\\]"):
         select(Problem(128, 128, 128), DeviceSpec("sm_80", 108))
 
 
@@ -643,25 +643,25 @@ def test_split_k_cost_terms():
     assert two.terms["splitk_round_trips"] == 2 + 1
     assert two.terms["splitk_cycles"] >= 3 * sm90.L2_ROUND_TRIP_CLK
     assert two.cost < one.cost                              # twice the streaming SMs pay for it
-    # a launch never uses more splits than K blocks (jitgemm.launch.num_splits)
+    # a launch never uses more splits than K blocks (jitgemm.geometry.num_splits)
     short = Problem(128, 7168, 200)                          # 4 K blocks
     cfg = KernelConfig(**{**base.to_dict(), "split_k": 8})
     assert sm90.splits_used(cfg, short.k) == 4 == sm90.cost_of(short, H200, cfg).terms["split_k"]
 
 
 def test_splits_used_matches_the_launch():
-    launch = pytest.importorskip("jitgemm.launch")
+    from jitgemm import geometry, registry
     for split_k in (1, 2, 3, 8, 32):
         for k in (1, 63, 64, 65, 200, 7168):
             cfg = KernelConfig(split_k=split_k)
-            assert sm90.splits_used(cfg, k) == launch.num_splits(cfg, k)
+            assert sm90.splits_used(cfg, k) == geometry.num_splits(cfg, k)
             assert sm90.cluster_tiles_of(Problem(1000, 3000, k), 128, 128, "A") == \
-                launch.cluster_tiles(KernelConfig(cluster_size=2, multicast="A"), 1000, 3000)
+                registry.get("sm_90a").cluster_tiles(KernelConfig(cluster_size=2, multicast="A"), 1000, 3000)
 
 
 def test_partial_rows_and_readback_mirror_the_template():
     from importlib import resources
-    src = resources.files("jitgemm.templates").joinpath("sm90_gemm.cu.j2").read_text()
+    src = resources.files("jitgemm.templates").joinpath("sm90/gemm.cu.j2").read_text()
     fixup = src[src.index("split-K fix-up"):src.index("---- epilogue")]
     # rows: a thread stores rows r and r + 8 (one float4) when row r is live
     assert "warp * 16 + lane / 4 < rows_left" in fixup
@@ -1012,18 +1012,27 @@ def test_env_override_on_sm100_follows_the_sm100_rules(monkeypatch):
 # ----------------------------------------------------------------------------- sm_100a dispatch
 
 
-def test_sm100_dispatch_is_lazy(monkeypatch):
+def test_heuristics_reach_each_arch_through_the_registry(monkeypatch):
+    from jitgemm import registry
     calls = []
-    fake = types.ModuleType("jitgemm.heuristics.sm100")
-    fake.select = lambda p, d: calls.append(("select", p, d)) or "picked"
-    fake.explain = lambda p, d, top: calls.append(("explain", p, d, top)) or {"chosen": "x"}
-    monkeypatch.setitem(sys.modules, "jitgemm.heuristics.sm100", fake)
-    monkeypatch.setattr(heuristics, "sm100", fake, raising=False)
+    fake = types.SimpleNamespace(select=lambda p, d: calls.append(("select", p, d)) or "picked",
+                                 explain=lambda p, d, top: calls.append(("explain", p, d, top)) or {"chosen": "x"})
+    real = registry.get
+    monkeypatch.setattr(registry, "get", lambda name: types.SimpleNamespace(rules=fake) if name == "sm_100a" else real(name))
     dev = DeviceSpec("sm_100a", 148)
     p = Problem(1, 2, 3)
     assert select(p, dev) == "picked"
     assert explain(p, dev, top=2) == {"chosen": "x"}
     assert [c[0] for c in calls] == ["select", "explain"] and calls[1][3] == 2
+
+
+def test_backends_load_on_first_use():
+    code = ("import sys, jitgemm; from jitgemm.heuristics import DeviceSpec, select; from jitgemm.problem import Problem; "
+            "select(Problem(128, 256, 512), DeviceSpec('sm_90a', 132)); "
+            "print(sorted(m for m in sys.modules if m.startswith('jitgemm.archs.') and m.endswith('.arch')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.strip() == "['jitgemm.archs.sm90.arch']"
 
 
 # ----------------------------------------------------------------------------- common helpers
@@ -1096,7 +1105,7 @@ def test_choose_raster_minimises_the_working_set():
 
 def test_register_split_matches_the_template():
     from importlib import resources
-    src = resources.files("jitgemm.templates").joinpath("sm90_gemm.cu.j2").read_text()
+    src = resources.files("jitgemm.templates").joinpath("sm90/gemm.cu.j2").read_text()
     assert f"setmaxnreg_dec<{sm90.PRODUCER_REGS}>" in src
     assert f"setmaxnreg_inc<{sm90.CONSUMER_REGS}>" in src
 

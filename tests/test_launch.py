@@ -1,6 +1,9 @@
 """CPU tests of launch geometry: work units per K split and the split count."""
+from jitgemm import registry
 from jitgemm.config import KernelConfig
-from jitgemm.launch import cluster_tiles, num_splits
+from jitgemm.geometry import num_splits
+
+cluster_tiles = registry.get("sm_90a").cluster_tiles
 
 
 def test_cluster_tiles_pair_up_along_the_multicast_side():
@@ -47,11 +50,10 @@ def test_programmatic_launch_only_for_kernels_that_wait(monkeypatch):
 
 
 def test_only_templates_that_wait_are_launched_programmatically():
-    from jitgemm.config import KernelConfig
-    from jitgemm.render import WAITS_FOR_PREVIOUS_GRID, render
-    for arch in ("sm_90a", "sm_100a"):
-        source = render(KernelConfig(arch=arch, num_consumers=1))
-        assert ("griddepcontrol.wait" in source) == (arch in WAITS_FOR_PREVIOUS_GRID), arch
+    from jitgemm.render import render
+    for name in registry.ARCH_NAMES:
+        source = render(KernelConfig(arch=name, num_consumers=1))
+        assert ("griddepcontrol.wait" in source) == registry.get(name).waits_for_previous_grid, name
 
 
 def test_graph_workspace_semaphore_sees_the_cuda_callback():

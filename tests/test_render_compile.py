@@ -4,10 +4,11 @@ import re
 import jinja2
 import pytest
 
-from jitgemm import compiler
+from jitgemm import compiler, registry
+from jitgemm.archs.sm90.layout import SMEM_CAPACITY, layout_of, structural_problems
+from jitgemm.archs.sm90.render import b_slices
 from jitgemm.config import KernelConfig
-from jitgemm.layout import SMEM_CAPACITY, layout_of, structural_problems
-from jitgemm.render import b_slices, kernel_name, render
+from jitgemm.render import kernel_name, render
 from jitgemm.sass import inspect_cubin
 
 # One config per template knob value: majors, dtypes, output dtypes, consumers, tile sizes,
@@ -67,7 +68,7 @@ def test_multicast_kernels_use_cluster_features():
 
 
 def test_strict_undefined_rejects_missing_variables():
-    from jitgemm.render import _environment
+    from jitgemm.render import environment as _environment
     env = _environment()
     with pytest.raises(jinja2.UndefinedError):
         env.from_string("{{ missing_value }}").render()
@@ -133,7 +134,7 @@ def test_wide_tiles_take_two_wgmmas_and_a_ring_of_staging_buffers():
     lay = layout_of(wide)
     assert [(s["n"], s["first_acc"], s["offset"]) for s in b_slices(lay)] == [(256, 0, 0), (128, 128, 4 * 8192)]
     assert lay.num_out_pieces == 6 and lay.out_bufs == 2 and lay.out_bytes == 2 * 2 * 64 * 128
-    assert lay.out_bytes_whole == 128 * 384 * 2 and lay.smem_bytes <= SMEM_CAPACITY["sm_90a"]
+    assert lay.out_bytes_whole == 128 * 384 * 2 and lay.smem_bytes <= SMEM_CAPACITY
     src = render(wide)
     assert "m64n256k16" in src and "m64n128k16" in src and "out_box++ % OUT_BUFS" in src
     tailed = layout_of(KernelConfig(block_n=336, num_stages=3, b_tail=True))
@@ -174,7 +175,7 @@ def test_swap_ab_puts_the_users_m_on_the_wgmma_n_side():
     assert "const int kernel_m = N, kernel_n = M;" in src
     assert "tma_load(dst, &map_a, full, k0, mn);" in src and "const int mn = n0 + p * 160;" in src
     assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in src
-    from jitgemm.launch import cluster_tiles
+    cluster_tiles = registry.get("sm_90a").cluster_tiles
     # kernel tiles: ceil(576 / 128) = 5 along kernel M, ceil(4096 / 160) = 26 along kernel N, in
     # pairs along kernel N (the shared B tile is the kernel's A)
     assert cluster_tiles(cfg, 4096, 576) == 5 * 13

@@ -21,10 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from jitgemm import registry
 from jitgemm.compiler import compile_cubin
 from jitgemm.config import KernelConfig
 from jitgemm.heuristics import DeviceSpec, sm100
-from jitgemm.layout_sm100 import (SM_SHARED_MEMORY, SMEM_CAPACITY, TMEM_COLUMNS, cluster_tiles, grid_size, instruction_descriptor,
+from jitgemm.archs.sm100.layout import (SM_SHARED_MEMORY, SMEM_CAPACITY, TMEM_COLUMNS, instruction_descriptor,
                                   layout_of, structural_problems)
 from jitgemm.problem import LAYOUTS, Problem
 from jitgemm.render import kernel_name, render
@@ -243,8 +244,9 @@ def test_layout_of_swap_ab_and_two_consumers():
     assert lay.out_swizzle == 128 and lay.out_box == (32, 32) and lay.boxes_per_chunk == 4
     assert lay.tmem_columns == 2 * 2 * 32 and lay.tmem_alloc_columns == 128
     assert lay.num_threads == 384
-    assert cluster_tiles(lay.config, m=32, n=1000) == 4           # kernel M = N = 1000 -> 4 tiles of 256
-    assert grid_size(lay.config, m=32, n=100000, num_sms=148) == 148
+    arch = registry.get("sm_100a")
+    assert arch.cluster_tiles(lay.config, m=32, n=1000) == 4      # kernel M = N = 1000 -> 4 tiles of 256
+    assert arch.grid_size(lay.config, Problem(32, 100000, 64), num_sms=148) == 148
 
 
 def test_tmem_is_single_buffered_when_two_buffers_do_not_fit():
@@ -390,6 +392,7 @@ def test_cli_precompile_sm100(tmp_cache):
 
 
 def test_kernels_prepare_uses_the_sm100_layout():
-    from jitgemm import kernels, layout_sm100
+    from jitgemm import kernels
+    from jitgemm.archs.sm100 import layout as sm100_layout
     src = kernels.prepare(VARIANTS["swap_1cta_n16"])
-    assert isinstance(src.layout, layout_sm100.KernelLayout)
+    assert isinstance(src.layout, sm100_layout.KernelLayout)

@@ -1,17 +1,18 @@
-"""Render an sm_100a KernelConfig to self-contained CUDA C++ (templates/sm100_gemm.cu.j2).
+"""Render an sm_100a KernelConfig to self-contained CUDA C++ (templates/sm100/gemm.cu.j2).
 
 The kernel keeps the sm_90a parameter convention: ``extern "C"`` kernel named
-``render.kernel_name(cfg)`` taking (map_a, map_b, map_d[, map_c], M, N, K, alpha, beta), with M,
+``jitgemm.render.kernel_name(cfg)`` taking (map_a, map_b, map_d[, map_c], M, N, K, alpha, beta), with M,
 N, K, the maps and D always in the user's orientation (swap_ab is handled inside the kernel).
-See `jitgemm.layout_sm100` for how the config's fields read on sm_100a.
+See `jitgemm.archs.sm100.layout` for how the config's fields read on sm_100a.
 """
 from __future__ import annotations
 
-from .config import KernelConfig
-from .layout_sm100 import KernelLayout, OperandLayout, layout_of
-from .problem import DTYPE_BYTES
+from ...config import KernelConfig
+from ...problem import DTYPE_BYTES
+from ...render import environment, kernel_name
+from .layout import KernelLayout, OperandLayout, layout_of
 
-TEMPLATE = "sm100_gemm.cu.j2"
+TEMPLATE = "sm100/gemm.cu.j2"
 
 
 def _operand_vars(op: OperandLayout, cfg: KernelConfig) -> dict:
@@ -49,7 +50,6 @@ def _store_boxes(lay: KernelLayout) -> list[dict]:
 
 
 def template_variables(cfg: KernelConfig, lay: KernelLayout | None = None) -> dict:
-    from .render import kernel_name
     lay = lay or layout_of(cfg)
     mma_a, mma_b = _operand_vars(lay.mma_a, cfg), _operand_vars(lay.mma_b, cfg)
     return {
@@ -67,9 +67,6 @@ def template_variables(cfg: KernelConfig, lay: KernelLayout | None = None) -> di
     }
 
 
-def render_sm100(cfg: KernelConfig) -> str:
+def render(cfg: KernelConfig) -> str:
     """The CUDA source of the sm_100a kernel for `cfg` (raises ValueError if it cannot be laid out)."""
-    from .render import _environment
-    if cfg.arch != "sm_100a":
-        raise ValueError(f"render_sm100 renders sm_100a configs, got arch {cfg.arch!r}")
-    return _environment().get_template(TEMPLATE).render(**template_variables(cfg))
+    return environment().get_template(TEMPLATE).render(**template_variables(cfg))

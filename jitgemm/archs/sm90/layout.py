@@ -17,7 +17,7 @@ to both CTAs.
 
 With `swap_ab` the kernel computes D^T = B^T A^T, so that the user's M lands on the wgmma's N
 side (any multiple of 16 up to 256) and the user's N on its 64-row atoms. The tiling fields are
-then in kernel coordinates, as on sm_100a (`jitgemm.layout_sm100`): block_m runs along the
+then in kernel coordinates (`jitgemm.geometry`), as on sm_100a (`jitgemm.archs.sm100.layout`): block_m runs along the
 user's N, block_n along the user's M; `multicast` still names the user operand a pair shares.
 `a` and `b` stay the user's A and B tiles (so the tensor maps do not change); the wgmma reads
 B's tile as its A operand (`mma_a`) and A's as its B operand (`mma_b`), and the epilogue stores
@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import KernelConfig
-from .problem import DTYPE_BYTES
+from ...config import KernelConfig
+from ...problem import DTYPE_BYTES
 
 SWIZZLE_ATOM = 1024           # bytes: 8 rows of 128 bytes, the 128B-swizzle repeat
-SMEM_CAPACITY = {"sm_90a": 232448, "sm_100a": 232448}
+SMEM_CAPACITY = 232448        # dynamic shared memory one CTA may opt into on sm_90
 BARRIER_BYTES = 8
 WGMMA_M = 64
 
@@ -154,11 +154,6 @@ class KernelLayout:
         return self.a if self.config.swap_ab else self.b
 
 
-def kernel_shape(cfg: KernelConfig, m: int, n: int) -> tuple[int, int]:
-    """(kernel M, kernel N) of a user problem with D of shape (m, n)."""
-    return (n, m) if cfg.swap_ab else (m, n)
-
-
 def kernel_multicast(cfg: KernelConfig) -> str:
     """The kernel-side operand a 2-CTA pair shares: 'A' (same kernel m block, neighbouring n
     blocks), 'B' (same n block, neighbouring m blocks) or 'none'. `cfg.multicast` names the
@@ -238,7 +233,7 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
         return -(-cfg.num_consumers * bufs * out_rows * out_swizzle // SWIZZLE_ATOM) * SWIZZLE_ATOM
 
     out_bufs = epilogue_buffers(out_cols // out_piece_cols, cfg.has_c,
-                                lambda bufs: fixed + staging(bufs) <= SMEM_CAPACITY[cfg.arch])
+                                lambda bufs: fixed + staging(bufs) <= SMEM_CAPACITY)
     out_bytes = staging(out_bufs)
     smem = fixed + out_bytes
     acc_regs = (wg_m // WGMMA_M) * (cfg.block_n // 2)

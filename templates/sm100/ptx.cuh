@@ -3,7 +3,7 @@
 //
 // The including template defines TCGEN05_CTA_GROUP as ".cta_group::N", N = 1 or 2 (the 2-CTA MMA):
 // every tcgen05 instruction of a kernel must name the same CTA group.
-{% include "common_ptx.cuh" %}
+{% include "common/ptx.cuh" %}
 
 // ---- TMA, 2-CTA pair ----
 // 2-CTA MMA: the box lands in this CTA's shared memory at `dst`, and the transaction bytes are

@@ -2,7 +2,7 @@
 
 One source of truth for the numbers the sm_100a template, the runtime (tensor-map boxes, grid)
 and the sm100 heuristics (shared-memory and TMEM arithmetic) must agree on; the sm_100a
-counterpart of `jitgemm.layout`.
+counterpart of `jitgemm.archs.sm90.layout`.
 
 How a KernelConfig reads on sm_100a
 -----------------------------------
@@ -40,8 +40,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import KernelConfig
-from .problem import DTYPE_BYTES
+from ...config import KernelConfig
+from ...problem import DTYPE_BYTES
 
 SWIZZLE_ATOM = 1024            # bytes: 8 rows of 128 bytes, the 128B-swizzle repeat
 SMEM_CAPACITY = 232448         # dynamic shared memory one CTA may opt into on sm_100
@@ -264,23 +264,3 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
 def smem_bytes(cfg: KernelConfig) -> int:
     """Dynamic shared memory of `cfg` (for stage arithmetic)."""
     return layout_of(cfg).smem_bytes
-
-
-# ---- launch geometry (what the runtime needs for a future launch) ----
-
-def kernel_shape(cfg: KernelConfig, m: int, n: int) -> tuple[int, int]:
-    """(kernel M, kernel N) of a user problem with D of shape (m, n)."""
-    return (n, m) if cfg.swap_ab else (m, n)
-
-
-def cluster_tiles(cfg: KernelConfig, m: int, n: int) -> int:
-    """Work items of the persistent scheduler: kernel tiles, or pairs of them along kernel M for
-    the 2-CTA MMA."""
-    km, kn = kernel_shape(cfg, m, n)
-    tiles_m, tiles_n = -(-km // cfg.block_m), -(-kn // cfg.block_n)
-    return -(-tiles_m // cfg.cluster_size) * tiles_n
-
-
-def grid_size(cfg: KernelConfig, m: int, n: int, num_sms: int) -> int:
-    """CTAs to launch (a multiple of the cluster size): persistent, at most one per SM."""
-    return min(cluster_tiles(cfg, m, n), num_sms // cfg.cluster_size) * cfg.cluster_size

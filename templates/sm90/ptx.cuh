@@ -1,5 +1,5 @@
 // PTX wrappers for sm_90a: TMA multicast loads, wgmma and setmaxnreg, over the shared ones.
-{% include "common_ptx.cuh" %}
+{% include "common/ptx.cuh" %}
 
 // ---- TMA multicast ----
 // Lands the box at offset `dst` in every CTA of `cta_mask`, signalling each CTA's barrier at `bar`.

@@ -1,0 +1,25 @@
+"""The sm_100a backend object (`jitgemm.registry` returns it)."""
+from __future__ import annotations
+
+from ...config import KernelConfig
+from ...heuristics import sm100 as rules
+from ..backend import Backend
+from . import layout, render
+
+
+class Sm100(Backend):
+    name = "sm_100a"
+    compute_capability = (10, 0)
+    default_num_sms = 148
+    verified_on_hardware = False
+    waits_for_previous_grid = False
+    rules = rules
+    layout = layout
+    renderer = render
+
+    def pair_along(self, cfg: KernelConfig) -> str | None:
+        """The 2-CTA MMA pairs neighbouring kernel-M tiles."""
+        return "m" if cfg.cluster_size == 2 else None
+
+
+ARCH = Sm100()

@@ -1,0 +1,1 @@
+"""The sm_90a (Hopper) backend: persistent, warp-specialized wgmma kernels fed by TMA."""

@@ -1,0 +1,37 @@
+"""The sm_90a backend object (`jitgemm.registry` returns it)."""
+from __future__ import annotations
+
+from ...config import KernelConfig
+from ...heuristics import sm90 as rules
+from ...problem import Problem
+from .. import tma
+from ..backend import Backend
+from . import layout, render
+
+# 2-CTA pairs share the kernel's A tile along kernel N, or its B tile along kernel M.
+_PAIR_ALONG = {"A": "n", "B": "m", "none": None}
+
+
+class Sm90(Backend):
+    name = "sm_90a"
+    compute_capability = (9, 0)
+    default_num_sms = 132
+    verified_on_hardware = True
+    waits_for_previous_grid = True
+    rules = rules
+    layout = layout
+    renderer = render
+
+    def pair_along(self, cfg: KernelConfig) -> str | None:
+        return _PAIR_ALONG[layout.kernel_multicast(cfg)]
+
+    def tensor_maps(self, problem: Problem, lay: layout.KernelLayout, a, b, d, c) -> list:
+        """map_a, map_b, map_d[, map_c][, map_b_tail]: the narrow last columns of an N-major B
+        tile have a map of their own."""
+        maps = super().tensor_maps(problem, lay, a, b, d, c)
+        if lay.b.tail is not None:
+            maps.append(tma.map_b(problem, b, lay.b.tail.box, lay.b.tail.swizzle))
+        return maps
+
+
+ARCH = Sm90()
