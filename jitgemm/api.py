@@ -13,10 +13,10 @@ import numpy as np
 from cuda.bindings import driver
 
 from . import heuristics, kernels, launch, runtime, tuning
+from .arrays import (GENERIC, HOST, LEGACY_STREAM, NUMPY_NAMES, TMA_ALIGN, UNRESOLVED, View, describe,
+                     lib_of, needs_consumer_stream, overlaps, resolve_device, stream_wait)
 from .config import KernelConfig
 from .heuristics import DeviceSpec
-from .operands import (GENERIC, HOST, LEGACY_STREAM, NUMPY_NAMES, TMA_ALIGN, UNRESOLVED, View, describe,
-                       lib_of, needs_consumer_stream, overlaps, resolve_device, stream_wait)
 from .problem import MAX_OUTPUT_ELEMENTS, Problem
 
 # Compute capability 9.0 -> sm_90a kernels (run and verified on an H200); 10.0 -> sm_100a

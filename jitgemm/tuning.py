@@ -214,7 +214,7 @@ class _Operand:
     ``__cuda_array_interface__`` so `gemm` takes it as any other device array."""
 
     def __init__(self, memory, shape: tuple, strides: tuple, dtype: str):
-        from .operands import numpy_dtype
+        from .arrays import numpy_dtype
         self.memory, self.shape, self.strides, self.dtype_name = memory, shape, strides, dtype
         self.dtype = numpy_dtype(dtype)     # names bfloat16, which has no typestr of its own
 
@@ -233,7 +233,7 @@ def _device_operand(host: np.ndarray, major_inner: bool, dtype: str, stream: int
     kernel, as in the user's own calls (FallbackCopyWarning): the tuner times that call."""
     from cuda.bindings import driver
     from . import runtime
-    from .operands import DeviceMemory, numpy_dtype
+    from .arrays import DeviceMemory, numpy_dtype
     dense = host if major_inner else host.T
     pad = 16 // numpy_dtype(dtype).itemsize
     stored = np.zeros((dense.shape[0], -(-dense.shape[1] // pad) * pad), numpy_dtype(dtype))
@@ -364,7 +364,7 @@ def tune(problem: Problem, device: int = 0, top: int = 6, record: bool = True, p
             out = _device_operand(np.full((p.m, p.n), np.nan, np.float32), True, p.out_dtype, stream)
             operands.append((a, b, c, out))
 
-        from .operands import numpy_dtype
+        from .arrays import numpy_dtype
         as_stored = lambda x, dt: x.astype(numpy_dtype(dt)).astype(np.float64)   # noqa: E731
         b_ref = as_stored(b_host, p.dtype)
         ref = np.empty((p.m, p.n))

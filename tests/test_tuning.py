@@ -225,7 +225,7 @@ def test_cli_show_survives_bad_records(tmp_cache):
 
 @pytest.mark.parametrize("out_dtype", ["bf16", "fp16", "fp32"])
 def test_the_output_check_is_elementwise_over_the_whole_output(out_dtype):
-    from jitgemm.operands import numpy_dtype
+    from jitgemm.arrays import numpy_dtype
     rng = np.random.default_rng(1)
     m, n, k = 256, 192, 1024
     a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
