@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 from cuda.bindings import driver
 
-from . import heuristics, kernels, launch, runtime, tuning
+from . import heuristics, kernels, launch, runtime, tuned
 from .arrays import (GENERIC, HOST, LEGACY_STREAM, NUMPY_NAMES, TMA_ALIGN, UNRESOLVED, View, describe,
                      lib_of, needs_consumer_stream, overlaps, resolve_device, stream_wait)
 from .config import KernelConfig
@@ -215,9 +215,9 @@ def _config_for(problem: Problem, dev: int, config: KernelConfig | None) -> Kern
     if from_env is not None:
         return from_env
     # The device's name keys the tuning file: asked for only when the file has entries.
-    has_entries = tuning.enabled() and tuning.read_entries()
-    tuned = tuning.tuned_config(problem, spec, runtime.device_info(dev).name) if has_entries else None
-    return tuned if tuned is not None else heuristics.select(problem, spec)
+    has_entries = tuned.enabled() and tuned.read_entries()
+    from_file = tuned.tuned_config(problem, spec, runtime.device_info(dev).name) if has_entries else None
+    return from_file if from_file is not None else heuristics.select(problem, spec)
 
 
 def config_for(problem: Problem, device: int = 0) -> KernelConfig:

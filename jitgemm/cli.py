@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from . import __version__, compiler, heuristics, kernels, runtime
+from . import __version__, compiler, heuristics, kernels, runtime, tuned, tuning
 from .cache import CacheWarning, CorruptEntry, KernelCache, UnsafeError, offline_mode, read_entry
 from .config import ARCHS, KernelConfig, parse_json
 from .heuristics import DeviceSpec
@@ -544,11 +544,10 @@ def tune(shapes_file, ms, ns, ks, dtype, out_dtype, layout, top, device, show, a
     fastest (if it beats the heuristics' choice by 2% in every pass) in the tuning file,
     which gemm then follows for those shapes (JITGEMM_TUNED=0 ignores it). Shapes as for
     precompile: --m/--n/--k and/or SHAPES_FILE."""
-    from . import tuning
     if show:
-        entries = tuning.read_entries()
+        entries = tuned.read_entries()
         if as_json:
-            click.echo(json.dumps({"path": str(tuning.tuning_path()), "devices": entries}, indent=2))
+            click.echo(json.dumps({"path": str(tuned.tuning_path()), "devices": entries}, indent=2))
             return
         for dev_key, records in sorted(entries.items()):
             click.echo(dev_key)
@@ -559,7 +558,7 @@ def tune(shapes_file, ms, ns, ks, dtype, out_dtype, layout, top, device, show, a
                 first = rec.get("heuristics_choice")
                 click.echo(f"  {prob}: {rec.get('name')} {rec.get('us')} us (heuristics: {first}, "
                            f"{rec.get('times_us', {}).get(first, '?')} us; {rec.get('date')})")
-        click.echo(f"{sum(len(r) for r in entries.values())} entries in {tuning.tuning_path()}")
+        click.echo(f"{sum(len(r) for r in entries.values())} entries in {tuned.tuning_path()}")
         return
     problems = _shape_problems(shapes_file, ms, ns, ks, dtype, out_dtype, layout, "or a SHAPES_FILE")
     if device >= runtime.device_count():
@@ -579,9 +578,9 @@ def tune(shapes_file, ms, ns, ks, dtype, out_dtype, layout, top, device, show, a
             click.echo(f"{p.describe()}: {r.best.name} {r.times_us[r.best.name]:.2f} us; the heuristics' "
                        f"{first} {r.times_us[first]:.2f} us ({gain:.3f}x)")
     if as_json:
-        click.echo(json.dumps({"path": str(tuning.tuning_path()), "results": results}, indent=2))
+        click.echo(json.dumps({"path": str(tuned.tuning_path()), "results": results}, indent=2))
     else:
-        click.echo(f"recorded in {tuning.tuning_path()}")
+        click.echo(f"recorded in {tuned.tuning_path()}")
 
 
 def _config_label(config) -> str:
