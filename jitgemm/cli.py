@@ -18,9 +18,12 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from fractions import Fraction
+from importlib import metadata
 from pathlib import Path
 
 import click
+from cuda.bindings import driver
+from tqdm import tqdm
 
 from . import __version__, compiler, heuristics, kernels, runtime, tuned, tuning
 from .cache import CacheWarning, CorruptEntry, KernelCache, UnsafeError, offline_mode, read_entry
@@ -448,8 +451,6 @@ def precompile(shapes_file, ms, ns, ks, dtype, out_dtype, layout, has_c, arch, n
 
 
 def _build_all(configs: list[KernelConfig], jobs: int) -> list[dict]:
-    from tqdm import tqdm   # only this command draws a progress bar
-
     records: list = [None] * len(configs)
     # Threads suffice: NVRTC releases the GIL while it compiles.
     with ThreadPoolExecutor(max_workers=jobs) as pool, \
@@ -531,7 +532,8 @@ def explain(m, n, k, dtype, out_dtype, layout, has_c, arch, num_sms, as_json):
 @click.option("--n", "ns", type=INT_LIST, help="N sizes, as for --m.")
 @click.option("--k", "ks", type=INT_LIST, help="K sizes, as for --m.")
 @click.option("--dtype", type=click.Choice(INPUT_DTYPES), default="bf16", show_default=True, help="Input element type.")
-@click.option("--out-dtype", type=click.Choice(OUTPUT_DTYPES), default=None, help="Output element type [default: --dtype].")
+@click.option("--out-dtype", type=click.Choice(OUTPUT_DTYPES), default=None,
+              help="Output element type [default: --dtype].")
 @click.option("--layout", type=click.Choice(sorted(LAYOUTS)), default="nt", show_default=True,
               help="Operand majors, as for precompile.")
 @click.option("--top", type=click.IntRange(min=1, max=32), default=6, show_default=True,
@@ -760,7 +762,8 @@ def cache_verify(as_json):
 
 @cache_group.command("prune")
 @click.option("--older-than", type=DURATION, default=None, help="Remove entries unused for this long (30d, 12h, ...).")
-@click.option("--max-size", type=SIZE, default=None, help="Then remove the least recently used until this size (2G, 500M).")
+@click.option("--max-size", type=SIZE, default=None,
+              help="Then remove the least recently used until this size (2G, 500M).")
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 @click.option("--json", "as_json", is_flag=True)
 def cache_prune(older_than, max_size, dry_run, as_json):
@@ -798,7 +801,6 @@ def cache_clear(yes):
 # ---- env ----
 
 def _driver_version() -> str:
-    from cuda.bindings import driver
     version = runtime.check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
     return f"{version // 1000}.{version % 1000 // 10}"
 
@@ -810,16 +812,11 @@ def _try(fn):
         return None, f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
-def _package_version(name: str) -> str:
-    from importlib.metadata import version
-    return version(name)
-
-
 def _environment() -> dict:
     cache = KernelCache()
     nvrtc, nvrtc_error = _try(compiler.nvrtc_version)
     driver_version, driver_error = _try(_driver_version)
-    bindings, _ = _try(lambda: _package_version("cuda-bindings"))
+    bindings, _ = _try(lambda: metadata.version("cuda-bindings"))
     gpus = []
     for i in range(runtime.device_count()):
         info, error = _try(lambda i=i: runtime.device_info(i))
