@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import jitgemm
-from jitgemm import api, heuristics, runtime, tuning
+from jitgemm import api, heuristics, runtime, tuned, tuning
 from jitgemm.problem import Problem
 
 L2_DEFEAT_BYTES = 512 << 20     # rotate through at least this many bytes of inputs
@@ -131,7 +131,7 @@ def bench_shape(m, n, k, dtype, check):
         "jitgemm_gbps": per_set / us_jit * 1e-3, "cublas_gbps": per_set / us_ref * 1e-3,
         "ratio": us_ref / us_jit, "config": cfg.name,
         "tuned": cfg != heuristics.select(problem, api.device_spec(0))
-                 and cfg == tuning.tuned_config(problem, api.device_spec(0), runtime.device_info(0).name),
+                 and cfg == tuned.tuned_config(problem, api.device_spec(0), runtime.device_info(0).name),
     }
 
 
@@ -171,7 +171,7 @@ def main(argv=None):
                "gpu_before": before, "gpu_after": after, "copy_bandwidth_GBps": copy_bps * 1e-9,
                "jitgemm_version": jitgemm.__version__, "rows": rows, "geomean": {},
                "programmatic_launch": os.environ.get(runtime.ENV_PDL, "1") != "0",
-               "tuning": {"enabled": tuning.enabled(), "tuned_now": args.tune,
+               "tuning": {"enabled": tuned.enabled(), "tuned_now": args.tune,
                           "rows_tuned": sum(r["tuned"] for r in rows)}}
     print(f"\n{before.get('name')}  SM clock before {before.get('clocks.sm')} after {after.get('clocks.sm')}"
           f"  power before {before.get('power.draw')} after {after.get('power.draw')}"

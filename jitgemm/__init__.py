@@ -10,8 +10,8 @@ if not _os.path.isdir(_os.path.join(_here, "heuristics")) and _os.path.isfile(
         _os.path.join(_root, "heuristics", "__init__.py")):
     __path__.append(_root)
 from .api import FallbackCopyWarning, config_for, gemm
+from .arrays import DeviceArray
 from .config import KernelConfig
-from .operands import DeviceArray
 from .problem import Problem
 
 __version__ = "0.1.0"

@@ -11,11 +11,11 @@ import warnings
 import numpy as np
 from cuda.bindings import driver
 
-from . import context, heuristics, kernels, launch, registry, runtime, tuning
+from . import context, heuristics, kernels, launch, registry, runtime, tuned
+from .arrays import (GENERIC, HOST, LEGACY_STREAM, NUMPY_NAMES, TMA_ALIGN, UNRESOLVED, View, describe,
+                     lib_of, needs_consumer_stream, overlaps, resolve_device, stream_wait)
 from .config import KernelConfig
 from .heuristics import DeviceSpec
-from .operands import (GENERIC, HOST, LEGACY_STREAM, NUMPY_NAMES, TMA_ALIGN, UNRESOLVED, View, describe,
-                       lib_of, needs_consumer_stream, overlaps, resolve_device, stream_wait)
 from .problem import MAX_OUTPUT_ELEMENTS, Problem
 
 PLAN_CACHE_SIZE = 1024
@@ -172,9 +172,9 @@ def _config_for(problem: Problem, dev: int, config: KernelConfig | None) -> Kern
     if from_env is not None:
         return from_env
     # The device's name keys the tuning file: asked for only when the file has entries.
-    has_entries = tuning.enabled() and tuning.read_entries()
-    tuned = tuning.tuned_config(problem, spec, runtime.device_info(dev).name) if has_entries else None
-    return tuned if tuned is not None else heuristics.select(problem, spec)
+    has_entries = tuned.enabled() and tuned.read_entries()
+    from_file = tuned.tuned_config(problem, spec, runtime.device_info(dev).name) if has_entries else None
+    return from_file if from_file is not None else heuristics.select(problem, spec)
 
 
 def config_for(problem: Problem, device: int = 0) -> KernelConfig:
@@ -311,7 +311,7 @@ def gemm(a, b, out=None, *, c=None, alpha=1.0, beta=1.0, out_dtype=None, stream=
     -------
     `out` when given; otherwise a new (M, N) array of `a`'s library on `a`'s device: a CuPy
     array, a torch tensor, a NumPy array, an array of `a`'s ``__array_namespace__()`` (JAX,
-    ...) made with its ``from_dlpack``, or else a :class:`jitgemm.operands.DeviceArray`
+    ...) made with its ``from_dlpack``, or else a :class:`jitgemm.DeviceArray`
     (``__cuda_array_interface__`` and ``__dlpack__``). Zero-size M or N returns an empty
     result without a launch; K = 0 returns zeros, or ``beta * c``, without a GEMM launch.
 

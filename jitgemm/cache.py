@@ -48,7 +48,7 @@ LOCK_POLL_S = 0.05                              # how often a waiter retries the
 HOLDER_GRACE_S = 1.0                            # a holder seen stopped or gone this long is not waited for
 STALE_TMP_S = 3600.0                            # prune/clear remove temporary directories older than this
 KEY_RE = re.compile(r"[0-9a-f]{64}")
-TUNING_NAMES = ("tuned.json", "tuned.json.lock")   # jitgemm.tuning's file: not a kernel entry, kept by clear
+TUNING_NAMES = ("tuned.json", "tuned.json.lock")   # jitgemm.tuned's file: not a kernel entry, kept by clear
 ENV_ROOT, ENV_OFFLINE = "JITGEMM_CACHE_DIR", "JITGEMM_OFFLINE"
 
 

@@ -18,11 +18,14 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from fractions import Fraction
+from importlib import metadata
 from pathlib import Path
 
 import click
+from cuda.bindings import driver
+from tqdm import tqdm
 
-from . import __version__, compiler, heuristics, kernels, registry, runtime
+from . import __version__, compiler, heuristics, kernels, registry, runtime, tuned, tuning
 from .cache import CacheWarning, CorruptEntry, KernelCache, UnsafeError, offline_mode, read_entry
 from .config import ARCHS, KernelConfig, parse_json
 from .heuristics import DeviceSpec
@@ -449,8 +452,6 @@ def precompile(shapes_file, ms, ns, ks, dtype, out_dtype, layout, has_c, arch, n
 
 
 def _build_all(configs: list[KernelConfig], jobs: int) -> list[dict]:
-    from tqdm import tqdm   # only this command draws a progress bar
-
     records: list = [None] * len(configs)
     # Threads suffice: NVRTC releases the GIL while it compiles.
     with ThreadPoolExecutor(max_workers=jobs) as pool, \
@@ -532,7 +533,8 @@ def explain(m, n, k, dtype, out_dtype, layout, has_c, arch, num_sms, as_json):
 @click.option("--n", "ns", type=INT_LIST, help="N sizes, as for --m.")
 @click.option("--k", "ks", type=INT_LIST, help="K sizes, as for --m.")
 @click.option("--dtype", type=click.Choice(INPUT_DTYPES), default="bf16", show_default=True, help="Input element type.")
-@click.option("--out-dtype", type=click.Choice(OUTPUT_DTYPES), default=None, help="Output element type [default: --dtype].")
+@click.option("--out-dtype", type=click.Choice(OUTPUT_DTYPES), default=None,
+              help="Output element type [default: --dtype].")
 @click.option("--layout", type=click.Choice(sorted(LAYOUTS)), default="nt", show_default=True,
               help="Operand majors, as for precompile.")
 @click.option("--top", type=click.IntRange(min=1, max=32), default=6, show_default=True,
@@ -545,11 +547,10 @@ def tune(shapes_file, ms, ns, ks, dtype, out_dtype, layout, top, device, show, a
     fastest (if it beats the heuristics' choice by 2% in every pass) in the tuning file,
     which gemm then follows for those shapes (JITGEMM_TUNED=0 ignores it). Shapes as for
     precompile: --m/--n/--k and/or SHAPES_FILE."""
-    from . import tuning
     if show:
-        entries = tuning.read_entries()
+        entries = tuned.read_entries()
         if as_json:
-            click.echo(json.dumps({"path": str(tuning.tuning_path()), "devices": entries}, indent=2))
+            click.echo(json.dumps({"path": str(tuned.tuning_path()), "devices": entries}, indent=2))
             return
         for dev_key, records in sorted(entries.items()):
             click.echo(dev_key)
@@ -560,7 +561,7 @@ def tune(shapes_file, ms, ns, ks, dtype, out_dtype, layout, top, device, show, a
                 first = rec.get("heuristics_choice")
                 click.echo(f"  {prob}: {rec.get('name')} {rec.get('us')} us (heuristics: {first}, "
                            f"{rec.get('times_us', {}).get(first, '?')} us; {rec.get('date')})")
-        click.echo(f"{sum(len(r) for r in entries.values())} entries in {tuning.tuning_path()}")
+        click.echo(f"{sum(len(r) for r in entries.values())} entries in {tuned.tuning_path()}")
         return
     problems = _shape_problems(shapes_file, ms, ns, ks, dtype, out_dtype, layout, "or a SHAPES_FILE")
     if device >= runtime.device_count():
@@ -580,9 +581,9 @@ def tune(shapes_file, ms, ns, ks, dtype, out_dtype, layout, top, device, show, a
             click.echo(f"{p.describe()}: {r.best.name} {r.times_us[r.best.name]:.2f} us; the heuristics' "
                        f"{first} {r.times_us[first]:.2f} us ({gain:.3f}x)")
     if as_json:
-        click.echo(json.dumps({"path": str(tuning.tuning_path()), "results": results}, indent=2))
+        click.echo(json.dumps({"path": str(tuned.tuning_path()), "results": results}, indent=2))
     else:
-        click.echo(f"recorded in {tuning.tuning_path()}")
+        click.echo(f"recorded in {tuned.tuning_path()}")
 
 
 def _config_label(config) -> str:
@@ -762,7 +763,8 @@ def cache_verify(as_json):
 
 @cache_group.command("prune")
 @click.option("--older-than", type=DURATION, default=None, help="Remove entries unused for this long (30d, 12h, ...).")
-@click.option("--max-size", type=SIZE, default=None, help="Then remove the least recently used until this size (2G, 500M).")
+@click.option("--max-size", type=SIZE, default=None,
+              help="Then remove the least recently used until this size (2G, 500M).")
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 @click.option("--json", "as_json", is_flag=True)
 def cache_prune(older_than, max_size, dry_run, as_json):
@@ -800,7 +802,6 @@ def cache_clear(yes):
 # ---- env ----
 
 def _driver_version() -> str:
-    from cuda.bindings import driver
     version = runtime.check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
     return f"{version // 1000}.{version % 1000 // 10}"
 
@@ -812,16 +813,11 @@ def _try(fn):
         return None, f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
-def _package_version(name: str) -> str:
-    from importlib.metadata import version
-    return version(name)
-
-
 def _environment() -> dict:
     cache = KernelCache()
     nvrtc, nvrtc_error = _try(compiler.nvrtc_version)
     driver_version, driver_error = _try(_driver_version)
-    bindings, _ = _try(lambda: _package_version("cuda-bindings"))
+    bindings, _ = _try(lambda: metadata.version("cuda-bindings"))
     gpus = []
     for i in range(runtime.device_count()):
         info, error = _try(lambda i=i: runtime.device_info(i))

@@ -1,5 +1,5 @@
 """Autotuning: time the heuristics' best candidates for a problem on the local GPU and keep the
-fastest in a tuning file beside the kernel cache; `gemm` then runs that config for the problem.
+fastest in the tuning file (jitgemm.tuned); `gemm` then runs that config for the problem.
 
 The heuristics rank configs with a cost model; where the model is wrong (BENCHMARKS.md lists
 the known misrankings) a measurement on the user's GPU is not. `tune` times the model's best
@@ -8,39 +8,27 @@ call of a graph on the next of up to 20 copies (up to 512 MB of them, so that la
 not stay in L2), with CUDA-graph replays (the per-call cost of a stream of GEMMs, launch
 included), in interleaved passes, after checking each kernel's result. The fastest replaces
 the heuristics' choice if it is at least MIN_GAIN faster in every pass; the choice is written
-to ``<cache root>/tuned.json`` under the device (name, arch, SM count) and the problem
-(shape, dtypes, layouts, C), together with every time measured.
-
-`gemm` consults the file for problems it has no explicit config for (`JITGEMM_CONFIG` still
-wins); ``JITGEMM_TUNED=0`` ignores it. An entry that is malformed or no longer passes the
-config checks (a newer jitgemm) is ignored; a file that cannot be read, or that the cache's
-trust rules refuse (a symlink, another owner, group- or world-writable), is reported once and
-ignored. Plans `gemm` has already built keep the config they were built with.
+to the tuning file under the device and the problem, together with every time measured.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
-import json
 import math
-import os
 import statistics
-import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from cuda.bindings import driver
 
-from .cache import ENV_ROOT, TMP_PREFIX, TUNING_NAMES, KernelCache, check_root, read_trusted
+from . import api, context, runtime
+from .arrays import DeviceMemory, numpy_dtype
 from .config import KernelConfig
 from .heuristics import DeviceSpec, check_config, explain
 from .problem import DTYPE_BYTES, Problem
+from .tuned import device_key, problem_key, write_entry
 
-ENV_TUNED = "JITGEMM_TUNED"
-TUNING_FILE = TUNING_NAMES[0]
-SCHEMA = 1
 L2_DEFEAT_BYTES = 512 << 20     # inputs rotated per graph: several times the L2
 CALLS_PER_GRAPH = 20            # calls per graph, each on the next copy of the inputs
 REPLAYS = 7                     # graph replays per candidate and pass (their median counts)
@@ -57,120 +45,6 @@ ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp32": 2.0 ** -24}
 SUBNORMAL_ROUNDOFF = {"bf16": 2.0 ** -134, "fp16": 2.0 ** -25, "fp32": 2.0 ** -150}   # half the smallest subnormal
 FP32_ROUNDOFF = 2.0 ** -24
 CHECK_ROWS = 1024
-
-
-class TuningWarning(UserWarning):
-    """The tuning file could not be read or written (the heuristics decide instead)."""
-
-
-def device_key(name: str, spec: DeviceSpec) -> str:
-    return f"{name}|{spec.arch}|{spec.num_sms} SMs"
-
-
-def problem_key(p: Problem) -> str:
-    return (f"{p.m}x{p.n}x{p.k} {p.dtype}->{p.out_dtype} A {p.a_major}-major B {p.b_major}-major"
-            f"{' +C' if p.has_c else ''}")
-
-
-def tuning_path() -> Path:
-    return _path_for(os.environ.get(ENV_ROOT, ""))
-
-
-@functools.lru_cache(maxsize=8)
-def _path_for(root_setting: str) -> Path:
-    """The file under the cache root `JITGEMM_CACHE_DIR` = `root_setting` gives (memoised: a
-    gemm call that builds a plan looks the file up, and resolving the root is not free)."""
-    return KernelCache().root / TUNING_FILE
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV_TUNED, "1") != "0"
-
-
-# ----------------------------------------------------------------------------- the file
-
-_read_cache: dict = {}          # path -> (file state, entries)
-_warned: set = set()
-
-
-def _warn_once(token, message: str) -> None:
-    if token not in _warned:
-        _warned.add(token)
-        warnings.warn(message, TuningWarning, stacklevel=3)
-
-
-def read_entries(path: Path | None = None) -> dict:
-    """{device key: {problem key: record}} from the tuning file (device entries that are not
-    mappings dropped); {} when it is missing, unreadable or refused by the trust rules
-    (reported once per file state)."""
-    path = path or tuning_path()
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return {}
-    state = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)   # ctime: chmod and chown too
-    cached = _read_cache.get(path)
-    if cached is not None and cached[0] == state:
-        return cached[1]
-    try:
-        check_root(path.parent)
-        data = json.loads(read_trusted(path, TUNING_FILE))
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("devices"), dict):
-            raise ValueError(f"not a schema-{SCHEMA} jitgemm tuning file")
-        entries = {d: v for d, v in data["devices"].items() if isinstance(v, dict)}
-    except Exception as exc:   # any malformed file (deep nesting too): the heuristics decide
-        _warn_once((str(path),) + state, f"jitgemm: ignoring the tuning file {path}: {exc}")
-        entries = {}
-    _read_cache[path] = (state, entries)
-    return entries
-
-
-def write_entry(device: str, problem: str, record: dict, path: Path | None = None) -> Path:
-    """Add or replace one record, under a file lock, by an atomic replace of the file (an
-    unreadable file is replaced). The root must pass the cache's trust checks (UnsafeError)."""
-    import filelock
-    path = path or tuning_path()
-    KernelCache(path.parent).ensure_root()
-    with filelock.FileLock(str(path.parent / TUNING_NAMES[1]), timeout=60, mode=0o600):
-        _read_cache.pop(path, None)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", TuningWarning)
-            devices = {d: dict(v) for d, v in read_entries(path).items()}
-        devices.setdefault(device, {})[problem] = record
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)   # mode 0600, never a planted link
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"schema": SCHEMA, "devices": devices}, f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    return path
-
-
-def tuned_config(problem: Problem, spec: DeviceSpec, device_name: str) -> KernelConfig | None:
-    """The tuned config for `problem` on this device, or None (no entry, tuning off, or an
-    entry that no longer passes the checks)."""
-    if not enabled():
-        return None
-    record = read_entries().get(device_key(device_name, spec), {}).get(problem_key(problem))
-    fields = record.get("config") if isinstance(record, dict) else None
-    if not isinstance(fields, dict) or not all(_field_ok(k, v) for k, v in fields.items()):
-        return None
-    try:
-        cfg = KernelConfig.from_dict(fields)
-    except (TypeError, ValueError):
-        return None
-    return None if check_config(cfg, problem, spec) else cfg
-
-
-_FIELD_TYPES = {f.name: type(f.default) for f in dataclasses.fields(KernelConfig)}
-
-
-def _field_ok(name, value) -> bool:
-    """A config field of the exact type (an int, not a bool or a float; a str; a bool)."""
-    want = _FIELD_TYPES.get(name)
-    return want is not None and type(value) is want
 
 
 # ----------------------------------------------------------------------------- candidates
@@ -214,7 +88,6 @@ class _Operand:
     ``__cuda_array_interface__`` so `gemm` takes it as any other device array."""
 
     def __init__(self, memory, shape: tuple, strides: tuple, dtype: str):
-        from .operands import numpy_dtype
         self.memory, self.shape, self.strides, self.dtype_name = memory, shape, strides, dtype
         self.dtype = numpy_dtype(dtype)     # names bfloat16, which has no typestr of its own
 
@@ -231,9 +104,6 @@ def _device_operand(host: np.ndarray, major_inner: bool, dtype: str, stream: int
     `major_inner`, else column-major (a transposed view), its leading dimension padded to 16
     bytes. A logical row that is not whole 16-byte units is still copied by `gemm` before the
     kernel, as in the user's own calls (FallbackCopyWarning): the tuner times that call."""
-    from cuda.bindings import driver
-    from . import runtime
-    from .operands import DeviceMemory, numpy_dtype
     dense = host if major_inner else host.T
     pad = 16 // numpy_dtype(dtype).itemsize
     stored = np.zeros((dense.shape[0], -(-dense.shape[1] // pad) * pad), numpy_dtype(dtype))
@@ -248,8 +118,6 @@ def _device_operand(host: np.ndarray, major_inner: bool, dtype: str, stream: int
 
 def _download(out: _Operand, stream: int) -> np.ndarray:
     """The row-major `out` on the host, in its own dtype (the padding of its rows dropped)."""
-    from cuda.bindings import driver
-    from . import runtime
     host = np.empty((out.shape[0], out.strides[0]), out.dtype)
     runtime.check(driver.cuMemcpyDtoHAsync(host.ctypes.data, out.memory.ptr, host.nbytes, driver.CUstream(stream)),
                   "cuMemcpyDtoHAsync")
@@ -277,8 +145,6 @@ def output_error(out, ref: np.ndarray, out_dtype: str, magnitude, k: int, row0: 
 
 def _graph_us(run_calls, stream: int) -> float:
     """Median per-call microseconds of REPLAYS replays of a CUDA graph of `run_calls()` on `stream`."""
-    from cuda.bindings import driver
-    from . import runtime
     s = driver.CUstream(stream)
     runtime.check(driver.cuStreamBeginCapture(s, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
                   "cuStreamBeginCapture")
@@ -327,8 +193,6 @@ _streams: dict = {}
 
 def _stream(device: int) -> int:
     """This process's non-blocking tuning stream on `device` (kept: its memory is freed on it)."""
-    from cuda.bindings import driver
-    from . import runtime
     if device not in _streams:
         _streams[device] = int(runtime.check(driver.cuStreamCreate(1), "cuStreamCreate"))
     return _streams[device]
@@ -339,18 +203,16 @@ def tune(problem: Problem, device: int = 0, top: int = 6, record: bool = True, p
     `pick` chooses in the tuning file. Every candidate's result is checked first (the whole
     output, elementwise against a float64 reference, on a NaN-filled output): a wrong result raises
     RuntimeError. `progress(name, us)`, if given, is called after each timing."""
-    from cuda.bindings import driver
-    from . import runtime
-    from .api import device_spec, gemm
-    runtime.ensure_context(device)
-    spec = device_spec(device)
+    context.make_current(device)
+    spec = api.device_spec(device)
     name = runtime.device_info(device).name
     p = problem
     cands = candidates(p, spec, top)
     stream = _stream(device)
     try:
         rng = np.random.default_rng(0)
-        per_copy = (p.m * p.k + p.k * p.n) * DTYPE_BYTES[p.dtype] + p.m * p.n * DTYPE_BYTES[p.out_dtype] * (2 if p.has_c else 1)
+        per_copy = ((p.m * p.k + p.k * p.n) * DTYPE_BYTES[p.dtype]
+                    + p.m * p.n * DTYPE_BYTES[p.out_dtype] * (2 if p.has_c else 1))
         free, _ = runtime.check(driver.cuMemGetInfo(), "cuMemGetInfo")
         copies = max(2, min(CALLS_PER_GRAPH, math.ceil(L2_DEFEAT_BYTES / per_copy), int(free // 4 // per_copy)))
         a_host = rng.standard_normal((p.m, p.k), dtype=np.float32)
@@ -364,7 +226,6 @@ def tune(problem: Problem, device: int = 0, top: int = 6, record: bool = True, p
             out = _device_operand(np.full((p.m, p.n), np.nan, np.float32), True, p.out_dtype, stream)
             operands.append((a, b, c, out))
 
-        from .operands import numpy_dtype
         as_stored = lambda x, dt: x.astype(numpy_dtype(dt)).astype(np.float64)   # noqa: E731
         b_ref = as_stored(b_host, p.dtype)
         ref = np.empty((p.m, p.n))
@@ -385,7 +246,7 @@ def tune(problem: Problem, device: int = 0, top: int = 6, record: bool = True, p
 
         def call(cfg, i):
             a, b, c, out = operands[i % copies]
-            gemm(a, b, out, c=c, stream=stream, config=cfg)
+            api.gemm(a, b, out, c=c, stream=stream, config=cfg)
 
         out0 = operands[0][3]
         for cfg in cands:
@@ -410,7 +271,8 @@ def tune(problem: Problem, device: int = 0, top: int = 6, record: bool = True, p
                 if progress is not None:
                     progress(cfg.name, us)
     finally:
-        driver.cuStreamSynchronize(driver.CUstream(stream))   # before the inputs are freed; an error here must not hide one above
+        # before the inputs are freed; an error here must not hide one above
+        driver.cuStreamSynchronize(driver.CUstream(stream))
     times = {n: statistics.median(v) for n, v in passes.items()}
     best = next(cfg for cfg in cands if cfg.name == pick(passes, cands[0].name))
     path = None

@@ -84,7 +84,8 @@ def test_key_is_the_same_across_processes_and_hash_seeds(seeded, tmp_path):
     keys = set()
     for seed in ("0", "1", "4242"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        out = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
+                             check=True)
         keys.add(out.stdout.strip())
     assert keys == {seeded.key}
     assert len(seeded.key) == 64 and int(seeded.key, 16) >= 0
@@ -536,7 +537,7 @@ def run_guarded(script: str, *args, timeout=30, env=None):
 FIFO_OPS = r"""
 import json, sys, warnings
 from click.testing import CliRunner
-from jitgemm import cli, kernels, tuning
+from jitgemm import cli, kernels, tuned
 from jitgemm.config import KernelConfig
 warnings.simplefilter("ignore")
 for op in sys.argv[1:]:
@@ -544,7 +545,7 @@ for op in sys.argv[1:]:
         built = kernels.build(KernelConfig(block_m=64, num_consumers=1, block_n=64, num_stages=4))
         print(json.dumps({"op": op, "path": str(built.cache.path), "cubin": built.cubin.hex()}), flush=True)
     elif op == "tuned":
-        print(json.dumps({"op": op, "entries": tuning.read_entries()}), flush=True)
+        print(json.dumps({"op": op, "entries": tuned.read_entries()}), flush=True)
     else:
         args = {"list": ["cache", "list"], "verify": ["cache", "verify"], "show": ["tune", "--show"],
                 "clear": ["cache", "clear", "--yes"]}[op]

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import jitgemm
-from jitgemm import api, launch, operands
+from jitgemm import api, arrays, launch
+from jitgemm.arrays import dlpack, readers
 from jitgemm.heuristics import DeviceSpec
 
 DEVICE_BITS = 44          # fake pointers: device ordinal in the bits above this
@@ -89,7 +90,7 @@ class HostileDLPack:
 @pytest.fixture(autouse=True)
 def cpu_only(monkeypatch):
     monkeypatch.setenv("JITGEMM_TUNED", "0")     # a tuning file would ask the driver for the device name
-    monkeypatch.setattr(operands, "pointer_device", lambda ptr: (ptr >> DEVICE_BITS) - 1)
+    monkeypatch.setattr(readers, "pointer_device", lambda ptr: (ptr >> DEVICE_BITS) - 1)
     monkeypatch.setattr(api, "device_spec", lambda ordinal: DeviceSpec("sm_90a", 132))
     for name in ("on_device", "current_device"):
         monkeypatch.setattr(api.context, name, _tripwire)
@@ -369,7 +370,7 @@ def test_out_dtype_spellings(spelling):
 
 
 def _view(shape, strides, ptr=1 << 20, itemsize=2):
-    return operands.View(None, None, ptr, shape, strides, "fp16", itemsize, 0)
+    return arrays.View(None, None, ptr, shape, strides, "fp16", itemsize, 0)
 
 
 @pytest.mark.parametrize("x, y, expected", [
@@ -380,7 +381,7 @@ def _view(shape, strides, ptr=1 << 20, itemsize=2):
     (_view((0, 4), (4, 1)), _view((4, 4), (4, 1)), False),                      # empty
 ])
 def test_overlaps_is_exact(x, y, expected):
-    assert operands.overlaps(x, y) is expected
+    assert arrays.overlaps(x, y) is expected
 
 
 @pytest.mark.parametrize("shape, strides, ptr, ready", [
@@ -391,21 +392,21 @@ def test_overlaps_is_exact(x, y, expected):
     ((64, 32), (40, 1), 1 << 20, True),            # padded rows of 80 bytes
 ])
 def test_tma_ready(shape, strides, ptr, ready):
-    assert operands.View(None, None, ptr, shape, strides, "fp16", 2, 0).tma_ready(1) is ready
+    assert arrays.View(None, None, ptr, shape, strides, "fp16", 2, 0).tma_ready(1) is ready
 
 
 def test_fake_pointer_device_mapping_is_used():
     """The fixture's pointer->device map is what gemm consults (the tripwire test above would
     pass vacuously otherwise)."""
     x = dev((4, 4), device=3)
-    assert operands.resolve_device(operands.describe(x, "x"), "x").device == 3
+    assert arrays.resolve_device(arrays.describe(x, "x"), "x").device == 3
 
 
 # --------------------------------------------------------------------------------------------
 # DeviceArray's own DLPack export, read back on the CPU (the fake pointer is never dereferenced)
 # --------------------------------------------------------------------------------------------
 class FakeMemory:
-    """Stands in for operands.DeviceMemory: a pointer, and no context to make current."""
+    """Stands in for arrays.DeviceMemory: a pointer, and no context to make current."""
 
     def __init__(self, ptr):
         self.ptr, self.nbytes = ptr, 0
@@ -425,7 +426,7 @@ _USED = ctypes.c_char_p(b"used_dltensor")     # the name a consumer gives a caps
 
 
 def _device_array(dtype, shape=(3, 5), device=1, stream=1):
-    return operands.DeviceArray(FakeMemory(fake_ptr(device, 4096)), shape, dtype, device, stream)
+    return arrays.DeviceArray(FakeMemory(fake_ptr(device, 4096)), shape, dtype, device, stream)
 
 
 @pytest.mark.parametrize("versioned", [False, True])
@@ -437,7 +438,7 @@ def test_dlpack_export_fields(dtype, code, bits, versioned):
     name = b"dltensor_versioned" if versioned else b"dltensor"
     assert _capsule_name(cap) == name
     address = _capsule_pointer(cap, name)
-    struct = operands.DLManagedTensorVersioned if versioned else operands.DLManagedTensor
+    struct = dlpack.DLManagedTensorVersioned if versioned else dlpack.DLManagedTensor
     managed = struct.from_address(address)
     if versioned:
         assert (managed.version.major, managed.version.minor) == (1, 0) and managed.flags == 0
@@ -468,7 +469,7 @@ def test_dlpack_capsule_keeps_the_array_alive(versioned):
     cap = arr.__dlpack__(stream=-1, max_version=max_version)
     name = _capsule_name(cap)
     address = _capsule_pointer(cap, name)
-    struct = operands.DLManagedTensorVersioned if versioned else operands.DLManagedTensor
+    struct = dlpack.DLManagedTensorVersioned if versioned else dlpack.DLManagedTensor
     assert _capsule_set_name(cap, _USED) == 0        # what a consumer does when it takes the tensor
     del arr, cap
     gc.collect()
@@ -480,14 +481,14 @@ def test_dlpack_capsule_keeps_the_array_alive(versioned):
 
 def test_dlpack_export_orders_the_consumer_stream(monkeypatch):
     waits = []
-    monkeypatch.setattr(operands, "stream_wait", lambda *args: waits.append(args))
+    monkeypatch.setattr(dlpack, "stream_wait", lambda *args: waits.append(args))
     arr = _device_array("bf16", device=2, stream=7)
     for stream in (7, -1):                            # the producing stream; "do not synchronise"
         arr.__dlpack__(stream=stream)
     assert waits == []
     arr.__dlpack__(stream=9)
     arr.__dlpack__()                                  # None: the legacy default stream
-    assert waits == [(9, 7, 2), (operands.LEGACY_STREAM, 7, 2)]
+    assert waits == [(9, 7, 2), (arrays.LEGACY_STREAM, 7, 2)]
     with pytest.raises(ValueError, match="ambiguous"):
         arr.__dlpack__(stream=0)
     with pytest.raises(BufferError):
@@ -521,7 +522,7 @@ def test_dlpack_export_read_by_cuda_core(dtype, legacy):
     smv = utils.StridedMemoryView.from_dlpack(_LegacyOnly(arr) if legacy else arr, stream_ptr=-1)
     assert (smv.ptr, tuple(smv.shape), smv.device_id) == (arr.ptr, (4, 6), 1)
     assert smv.strides is None or tuple(smv.strides) == (6, 1)
-    assert smv.dtype == operands.numpy_dtype(dtype)
+    assert smv.dtype == arrays.numpy_dtype(dtype)
     del arr
     gc.collect()
     assert alive() is not None

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jitgemm
-from jitgemm import api, operands
+from jitgemm import api
+from jitgemm.arrays import readers
 from jitgemm.config import KernelConfig
 from jitgemm.heuristics import DeviceSpec, check_config, config_from_env
 from jitgemm.problem import Problem
@@ -42,7 +43,7 @@ def _passed(*args, **kwargs):
 def cpu_only(monkeypatch):
     monkeypatch.setenv("JITGEMM_TUNED", "0")
     monkeypatch.delenv("JITGEMM_CONFIG", raising=False)
-    monkeypatch.setattr(operands, "pointer_device", lambda ptr: 0)
+    monkeypatch.setattr(readers, "pointer_device", lambda ptr: 0)
     monkeypatch.setattr(api, "device_spec", lambda ordinal: H200)
     monkeypatch.setattr(api.context, "current_device", lambda: 0)
     # The first GPU work of each path: the device path enters the device's context, the host

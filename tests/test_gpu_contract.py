@@ -142,7 +142,7 @@ def test_raw_cuda_array_interface(gen):
     # ... which the interface names: gemm must order its work after it.
     res = jitgemm.gemm(RawCAI(a, side.cuda_stream), RawCAI(b, side.cuda_stream),
                        c=RawCAI(c, side.cuda_stream), beta=-1.0)
-    assert isinstance(res, jitgemm.operands.DeviceArray)
+    assert isinstance(res, jitgemm.DeviceArray)
     assert res.__cuda_array_interface__["stream"] == side.cuda_stream    # computed on the producer's stream
     side.synchronize()
     got = torch.as_tensor(res, device="cuda")
@@ -174,7 +174,7 @@ def test_dlpack_objects(dtype, gen):
         pytest.importorskip("ml_dtypes")     # cuda.core reads bfloat16 DLPack tensors through it
     a, b = rand(200, 320, dtype, gen), rand(320, 136, dtype, gen)
     res = jitgemm.gemm(DLPackOnly(a), DLPackOnly(b))
-    assert isinstance(res, jitgemm.operands.DeviceArray)
+    assert isinstance(res, jitgemm.DeviceArray)
     got = torch.from_dlpack(res)
     torch.cuda.synchronize()
     assert got.shape == (200, 136) and got.dtype == torch_dtype(dtype)

@@ -2,7 +2,7 @@
 import pytest
 
 import jitgemm
-from jitgemm import api, heuristics, tuning
+from jitgemm import api, heuristics, tuned, tuning
 from jitgemm.problem import Problem
 
 from gpu_helpers import assert_close, guard_untouched, guarded_out, random_operand
@@ -15,7 +15,8 @@ pytestmark = pytest.mark.gpu
     Problem(300, 200, 520, "fp16", "fp32", "M", "K", True),        # transposed views, C, fp32 out, ragged
     Problem(128, 576, 7168),                                       # split-K candidates and their unsplit variants
 ], ids=lambda p: p.describe())
-@pytest.mark.filterwarnings("ignore::jitgemm.FallbackCopyWarning")   # the ragged case: A's rows are not whole 16-byte units
+# the ragged case: A's rows are not whole 16-byte units
+@pytest.mark.filterwarnings("ignore::jitgemm.FallbackCopyWarning")
 def test_tune_records_its_choice_and_gemm_runs_it(tmp_cache, problem):
     times = []
     result = tuning.tune(problem, top=3, progress=lambda name, us: times.append((name, us)))
@@ -50,11 +51,11 @@ def test_gemm_runs_a_tuned_entry_and_tuning_off_the_heuristics(tmp_cache, monkey
     problem = Problem(512, 1024, 2048)
     spec = api.device_spec(0)
     other = tuning.candidates(problem, spec, 3)[1]
-    tuning.write_entry(tuning.device_key(api.runtime.device_info(0).name, spec), tuning.problem_key(problem),
+    tuned.write_entry(tuned.device_key(api.runtime.device_info(0).name, spec), tuned.problem_key(problem),
                        {"config": other.to_dict()})
     assert api.config_for(problem) == other != heuristics.select(problem, spec)
     _check_gemm(problem)
-    monkeypatch.setenv(tuning.ENV_TUNED, "0")
+    monkeypatch.setenv(tuned.ENV_TUNED, "0")
     assert api.config_for(problem) == heuristics.select(problem, spec)
 
 

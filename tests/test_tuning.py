@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from jitgemm import api, cli, tuning
+from jitgemm import api, cli, tuned, tuning
+from jitgemm.arrays import numpy_dtype
 from jitgemm.cache import KernelCache
 from jitgemm.heuristics import DeviceSpec, check_config, common, select
 from jitgemm.problem import Problem
@@ -30,39 +31,39 @@ def _record(cfg):
 
 
 def test_keys_tell_problems_and_devices_apart():
-    keys = {tuning.problem_key(p) for p in [P, Problem(128, 576, 7168, "fp16", "fp16"), Problem(576, 128, 7168),
+    keys = {tuned.problem_key(p) for p in [P, Problem(128, 576, 7168, "fp16", "fp16"), Problem(576, 128, 7168),
                                             Problem(128, 576, 7168, a_major="M"), Problem(128, 576, 7168, has_c=True),
                                             Problem(128, 576, 7168, out_dtype="fp32")]}
     assert len(keys) == 6
-    assert tuning.device_key(GPU, H200) != tuning.device_key(GPU, DeviceSpec("sm_90a", 114))
+    assert tuned.device_key(GPU, H200) != tuned.device_key(GPU, DeviceSpec("sm_90a", 114))
 
 
 def test_entries_round_trip_and_merge(tmp_cache):
     cfg = _other_config(P)
-    path = tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(cfg))
+    path = tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), _record(cfg))
     assert path == tmp_cache / "tuned.json"
     q = Problem(64, 4096, 7168)
-    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(q), _record(select(q, H200)))
-    tuning.write_entry("other GPU|sm_90a|132 SMs", tuning.problem_key(P), _record(select(P, H200)))
-    devices = tuning.read_entries()
-    assert set(devices) == {tuning.device_key(GPU, H200), "other GPU|sm_90a|132 SMs"}
-    assert set(devices[tuning.device_key(GPU, H200)]) == {tuning.problem_key(P), tuning.problem_key(q)}
-    assert tuning.tuned_config(P, H200, GPU) == cfg
-    assert tuning.tuned_config(P, H200, "other GPU") == select(P, H200)
-    assert tuning.tuned_config(P, DeviceSpec("sm_90a", 114), GPU) is None      # another SM count
-    assert tuning.tuned_config(Problem(129, 576, 7168), H200, GPU) is None       # another shape
+    tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(q), _record(select(q, H200)))
+    tuned.write_entry("other GPU|sm_90a|132 SMs", tuned.problem_key(P), _record(select(P, H200)))
+    devices = tuned.read_entries()
+    assert set(devices) == {tuned.device_key(GPU, H200), "other GPU|sm_90a|132 SMs"}
+    assert set(devices[tuned.device_key(GPU, H200)]) == {tuned.problem_key(P), tuned.problem_key(q)}
+    assert tuned.tuned_config(P, H200, GPU) == cfg
+    assert tuned.tuned_config(P, H200, "other GPU") == select(P, H200)
+    assert tuned.tuned_config(P, DeviceSpec("sm_90a", 114), GPU) is None      # another SM count
+    assert tuned.tuned_config(Problem(129, 576, 7168), H200, GPU) is None       # another shape
 
 
 def test_a_corrupt_file_is_reported_ignored_and_replaced(tmp_cache):
     tmp_cache.mkdir(parents=True)
     (tmp_cache / "tuned.json").write_text("{not json")
-    with pytest.warns(tuning.TuningWarning, match="ignoring the tuning file"):
-        assert tuning.read_entries() == {}
-    assert tuning.tuned_config(P, H200, GPU) is None
+    with pytest.warns(tuned.TuningWarning, match="ignoring the tuning file"):
+        assert tuned.read_entries() == {}
+    assert tuned.tuned_config(P, H200, GPU) is None
     cfg = _other_config(P)
-    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(cfg))
-    assert json.loads((tmp_cache / "tuned.json").read_text())["schema"] == tuning.SCHEMA
-    assert tuning.tuned_config(P, H200, GPU) == cfg
+    tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), _record(cfg))
+    assert json.loads((tmp_cache / "tuned.json").read_text())["schema"] == tuned.SCHEMA
+    assert tuned.tuned_config(P, H200, GPU) == cfg
 
 
 @pytest.mark.parametrize("record", [
@@ -72,14 +73,14 @@ def test_a_corrupt_file_is_reported_ignored_and_replaced(tmp_cache):
     "not a record",
 ])
 def test_bad_records_are_ignored(tmp_cache, record):
-    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), record)
-    assert tuning.tuned_config(P, H200, GPU) is None
+    tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), record)
+    assert tuned.tuned_config(P, H200, GPU) is None
 
 
 def test_a_record_that_no_longer_fits_the_problem_is_ignored(tmp_cache):
     fp16 = select(Problem(128, 576, 7168, "fp16", "fp16"), H200)     # the wrong dtype for P
-    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(fp16))
-    assert tuning.tuned_config(P, H200, GPU) is None
+    tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), _record(fp16))
+    assert tuned.tuned_config(P, H200, GPU) is None
 
 
 def test_a_record_with_a_rows_short_of_m_is_ignored(tmp_cache, monkeypatch):
@@ -89,8 +90,8 @@ def test_a_record_with_a_rows_short_of_m_is_ignored(tmp_cache, monkeypatch):
     monkeypatch.delenv("JITGEMM_CONFIG", raising=False)
     big = Problem(4096, 4096, 4096)
     short = common.with_fields(select(big, H200), a_rows=8)
-    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(big), _record(short))
-    assert tuning.tuned_config(big, H200, GPU) is None
+    tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(big), _record(short))
+    assert tuned.tuned_config(big, H200, GPU) is None
     assert api.config_for(big) == select(big, H200)
 
 
@@ -99,13 +100,13 @@ def test_gemm_follows_config_then_env_then_tuning_then_heuristics(tmp_cache, mon
     monkeypatch.setattr(api.runtime, "device_info", lambda dev: types.SimpleNamespace(name=GPU))
     monkeypatch.delenv("JITGEMM_CONFIG", raising=False)
     assert api.config_for(P) == select(P, H200)
-    tuned = _other_config(P)
-    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(tuned))
-    assert api.config_for(P) == tuned
-    monkeypatch.setenv(tuning.ENV_TUNED, "0")
+    from_file = _other_config(P)
+    tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), _record(from_file))
+    assert api.config_for(P) == from_file
+    monkeypatch.setenv(tuned.ENV_TUNED, "0")
     assert api.config_for(P) == select(P, H200)
-    monkeypatch.delenv(tuning.ENV_TUNED)
-    explicit = common.with_fields(tuned, num_stages=tuned.num_stages - 1)
+    monkeypatch.delenv(tuned.ENV_TUNED)
+    explicit = common.with_fields(from_file, num_stages=from_file.num_stages - 1)
     assert api._config_for(P, 0, explicit) == explicit
     monkeypatch.setenv("JITGEMM_CONFIG", json.dumps(explicit.to_dict()))
     assert api.config_for(P) == explicit
@@ -131,11 +132,11 @@ def test_cli_show_lists_the_entries(tmp_cache):
     result = _invoke("tune", "--show")
     assert result.exit_code == 0 and "0 entries" in result.output
     cfg = _other_config(P)
-    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(cfg))
+    tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), _record(cfg))
     result = _invoke("tune", "--show")
     assert result.exit_code == 0 and cfg.name in result.output and "1 entries" in result.output
     shown = json.loads(_invoke("tune", "--show", "--json").output)
-    assert shown["devices"][tuning.device_key(GPU, H200)][tuning.problem_key(P)]["name"] == cfg.name
+    assert shown["devices"][tuned.device_key(GPU, H200)][tuned.problem_key(P)]["name"] == cfg.name
 
 
 def test_cli_tune_needs_shapes_and_a_gpu(tmp_cache, monkeypatch):
@@ -149,13 +150,13 @@ def test_cli_tune_needs_shapes_and_a_gpu(tmp_cache, monkeypatch):
 
 
 def test_cache_clear_keeps_the_tuning_file_and_does_not_call_it_foreign(tmp_cache):
-    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(select(P, H200)))
+    tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), _record(select(P, H200)))
     (tmp_cache / "stranger.txt").write_text("not ours")
     removed, unknown = KernelCache(tmp_cache).clear()
     assert unknown == ["stranger.txt"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert tuning.tuned_config(P, H200, GPU) == select(P, H200)
+        assert tuned.tuned_config(P, H200, GPU) == select(P, H200)
 
 
 @pytest.mark.parametrize("passes, expected", [
@@ -179,53 +180,52 @@ def test_pick_keeps_the_heuristics_choice_unless_clearly_beaten(passes, expected
 ])
 def test_records_with_wrongly_typed_fields_are_ignored(tmp_cache, fields):
     cfg = dict(select(P, H200).to_dict(), **fields)
-    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), {"config": cfg})
-    assert tuning.tuned_config(P, H200, GPU) is None
+    tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), {"config": cfg})
+    assert tuned.tuned_config(P, H200, GPU) is None
 
 
 def test_malformed_files_never_raise(tmp_cache):
     tmp_cache.mkdir(parents=True, mode=0o700)
     path = tmp_cache / "tuned.json"
-    for text in ["[" * 100000, json.dumps({"schema": tuning.SCHEMA, "devices": {tuning.device_key(GPU, H200): []}}),
-                 json.dumps({"schema": tuning.SCHEMA + 1, "devices": {}}), "null"]:
+    for text in ["[" * 100000, json.dumps({"schema": tuned.SCHEMA, "devices": {tuned.device_key(GPU, H200): []}}),
+                 json.dumps({"schema": tuned.SCHEMA + 1, "devices": {}}), "null"]:
         path.write_text(text)
         path.chmod(0o600)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", tuning.TuningWarning)
-            assert tuning.tuned_config(P, H200, GPU) is None
+            warnings.simplefilter("ignore", tuned.TuningWarning)
+            assert tuned.tuned_config(P, H200, GPU) is None
             assert _invoke("tune", "--show").exit_code == 0
 
 
 def test_untrusted_files_are_refused(tmp_cache):
     from jitgemm.cache import UnsafeError
-    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(_other_config(P)))
+    tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), _record(_other_config(P)))
     path = tmp_cache / "tuned.json"
     path.chmod(0o666)                                        # writable by others
-    with pytest.warns(tuning.TuningWarning, match="writable by group or others"):
-        assert tuning.tuned_config(P, H200, GPU) is None
+    with pytest.warns(tuned.TuningWarning, match="writable by group or others"):
+        assert tuned.tuned_config(P, H200, GPU) is None
     path.chmod(0o600)
-    assert tuning.tuned_config(P, H200, GPU) is not None
+    assert tuned.tuned_config(P, H200, GPU) is not None
     real = tmp_cache / "elsewhere.json"
     path.rename(real)
     path.symlink_to(real)                                    # a planted link is not followed
-    with pytest.warns(tuning.TuningWarning, match="symlink"):
-        assert tuning.tuned_config(P, H200, GPU) is None
+    with pytest.warns(tuned.TuningWarning, match="symlink"):
+        assert tuned.tuned_config(P, H200, GPU) is None
     path.unlink()
     tmp_cache.chmod(0o777)                                   # an untrusted root is neither read nor written
     with pytest.raises(UnsafeError):
-        tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), _record(select(P, H200)))
+        tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), _record(select(P, H200)))
     tmp_cache.chmod(0o700)
 
 
 def test_cli_show_survives_bad_records(tmp_cache):
-    tuning.write_entry(tuning.device_key(GPU, H200), tuning.problem_key(P), "not a record")
+    tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), "not a record")
     result = _invoke("tune", "--show")
     assert result.exit_code == 0 and "malformed record" in result.output
 
 
 @pytest.mark.parametrize("out_dtype", ["bf16", "fp16", "fp32"])
 def test_the_output_check_is_elementwise_over_the_whole_output(out_dtype):
-    from jitgemm.operands import numpy_dtype
     rng = np.random.default_rng(1)
     m, n, k = 256, 192, 1024
     a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))

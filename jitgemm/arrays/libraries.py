@@ -1,0 +1,276 @@
+"""Array libraries: allocation, copies and stream scoping in the caller's own array type, so that
+results and fallback copies are CuPy arrays, torch tensors or NumPy arrays as the inputs were;
+GENERIC does the same through the driver for every other device array (its results are
+DeviceArrays, converted with the input's ``__array_namespace__()`` when it has one).
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+
+import numpy as np
+from cuda.bindings import driver
+
+from .. import runtime
+from .dlpack import DeviceArray
+from .memory import DeviceMemory, copy_2d
+from .views import HOST, ITEMSIZE, View, checked_view, dtype_error, kernel_dtype, numpy_dtype
+
+
+class ArrayLib:
+    """Allocation, copies and stream scoping in one array library."""
+    name = "?"
+    fast = False     # a fast-path library: `key` identifies an operand for the call-plan cache
+
+    def view(self, array, argname: str) -> View:
+        raise NotImplementedError
+
+    def key(self, array) -> tuple:
+        raise NotImplementedError
+
+    def data_ptr(self, array) -> int:
+        raise NotImplementedError
+
+    def device_of(self, array) -> int:
+        raise NotImplementedError
+
+    def current_stream(self, device: int) -> int:
+        raise NotImplementedError
+
+    def stream_scope(self, handle: int, device: int):
+        """A context in which the library's own operations run on stream `handle`."""
+        raise NotImplementedError
+
+    def empty(self, shape, dtype: str, device: int, stream: int):
+        raise NotImplementedError
+
+    def zeros(self, shape, dtype: str, device: int, stream: int):
+        raise NotImplementedError
+
+    def copy_(self, dst: View, src: View, stream: int) -> None:
+        raise NotImplementedError
+
+    def scale_(self, dst: View, src: View, beta: float, stream: int) -> None:
+        """dst = beta * src (src may be dst)."""
+        raise NotImplementedError
+
+    def zero_(self, dst: View, stream: int) -> None:
+        dst.array[...] = 0
+
+    def window(self, array, rows: int, cols: int, transpose: bool, argname: str) -> View:
+        """The View of array[:rows, :cols] (of its transpose when `transpose`)."""
+        part = array[:rows, :cols]
+        return self.view(part.T if transpose else part, argname)
+
+    def result(self, array, like):
+        """`array` (allocated by this library) as the caller's type."""
+        return array
+
+
+class CupyLib(ArrayLib):
+    name = "cupy"
+    fast = True
+
+    def __init__(self):
+        import cupy
+        self.cp = cupy
+
+    def view(self, array, argname):
+        itemsize = array.dtype.itemsize
+        dtype = kernel_dtype(array.dtype, argname)
+        view = View(array, self, array.data.ptr, array.shape, tuple(s // itemsize for s in array.strides),
+                    dtype, itemsize, array.data.device_id)
+        return checked_view(view, argname, array.strides)
+
+    def key(self, array):
+        return (array.data.ptr, array.shape, array.strides, array.dtype, array.data.device_id)
+
+    def data_ptr(self, array):
+        return array.data.ptr
+
+    def device_of(self, array):
+        return array.data.device_id
+
+    def current_stream(self, device):
+        return self.cp.cuda.get_current_stream(device).ptr
+
+    @contextlib.contextmanager
+    def stream_scope(self, handle, device):
+        with self.cp.cuda.Device(device), self.cp.cuda.ExternalStream(handle, device):
+            yield
+
+    def empty(self, shape, dtype, device, stream):
+        with self.cp.cuda.Device(device):
+            return self.cp.empty(shape, dtype=numpy_dtype(dtype))
+
+    def zeros(self, shape, dtype, device, stream):
+        with self.cp.cuda.Device(device):
+            return self.cp.zeros(shape, dtype=numpy_dtype(dtype))
+
+    def copy_(self, dst, src, stream):
+        with self.cp.cuda.Device(dst.device):
+            dst.array[...] = src.array
+
+    def scale_(self, dst, src, beta, stream):
+        with self.cp.cuda.Device(dst.device):
+            self.cp.multiply(src.array, beta, out=dst.array, casting="unsafe")
+
+
+class TorchLib(ArrayLib):
+    name = "torch"
+    fast = True
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        self.dtypes = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+        self.torch_dtypes = {v: k for k, v in self.dtypes.items()}
+        self.devices: dict = {}
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self.current_stream = raw if raw is not None else (
+            lambda device: torch.cuda.current_stream(device).cuda_stream)
+
+    def _device(self, ordinal):
+        dev = self.devices.get(ordinal)
+        if dev is None:
+            dev = self.devices[ordinal] = self.torch.device("cuda", ordinal)
+        return dev
+
+    def view(self, array, argname):
+        if array.device.type != "cuda":
+            raise ValueError(f"{argname}: expected a CUDA tensor (or a NumPy array), got a tensor "
+                             f"on {array.device}")
+        dtype = self.dtypes.get(array.dtype)
+        if dtype is None:
+            raise dtype_error(argname, str(array.dtype).removeprefix("torch."))
+        view = View(array, self, array.data_ptr(), tuple(array.shape), tuple(array.stride()), dtype,
+                    array.element_size(), array.get_device())
+        return checked_view(view, argname)
+
+    def key(self, array):
+        return (array.data_ptr(), array.shape, array.stride(), array.dtype, array.get_device())
+
+    def data_ptr(self, array):
+        return array.data_ptr()
+
+    def device_of(self, array):
+        return array.get_device()
+
+    def stream_scope(self, handle, device):
+        return self.torch.cuda.stream(self.torch.cuda.ExternalStream(handle, device=self._device(device)))
+
+    def empty(self, shape, dtype, device, stream):
+        return self.torch.empty(shape, dtype=self.torch_dtypes[dtype], device=self._device(device))
+
+    def zeros(self, shape, dtype, device, stream):
+        return self.torch.zeros(shape, dtype=self.torch_dtypes[dtype], device=self._device(device))
+
+    def copy_(self, dst, src, stream):
+        dst.array.copy_(src.array)
+
+    def scale_(self, dst, src, beta, stream):
+        self.torch.mul(src.array, beta, out=dst.array)
+
+
+class HostLib(ArrayLib):
+    """NumPy host arrays: validated like device arrays, computed after a copy to the GPU."""
+    name = "numpy"
+
+    def view(self, array, argname):
+        itemsize = array.dtype.itemsize
+        dtype = kernel_dtype(array.dtype, argname)
+        view = View(array, self, array.ctypes.data, array.shape, tuple(s // itemsize for s in array.strides),
+                    dtype, itemsize, HOST, None, not array.flags.writeable)
+        return checked_view(view, argname, array.strides)
+
+    def empty(self, shape, dtype, device, stream):
+        return np.empty(shape, numpy_dtype(dtype))
+
+    def copy_(self, dst, src, stream):
+        dst.array[...] = src.array
+
+    def scale_(self, dst, src, beta, stream):
+        dst.array[...] = (src.array.astype(np.float32) * np.float32(beta)).astype(dst.array.dtype)
+
+
+_LIB_CLASSES = (("cupy", "ndarray", CupyLib), ("torch", "Tensor", TorchLib), ("numpy", "ndarray", HostLib))
+_LIBS_BY_TYPE: dict = {}
+_LIB_INSTANCES: dict = {}
+_lib_lock = threading.Lock()
+
+
+def lib_of(obj) -> ArrayLib | None:
+    """The library for CuPy arrays, torch tensors and NumPy arrays (None for other objects)."""
+    t = type(obj)
+    found = _LIBS_BY_TYPE.get(t, False)
+    if found is not False:
+        return found
+    found = None
+    for module, cls_name, lib_cls in _LIB_CLASSES:
+        mod = sys.modules.get(module)
+        if mod is not None and issubclass(t, getattr(mod, cls_name)):
+            with _lib_lock:
+                found = _LIB_INSTANCES.get(module)
+                if found is None:
+                    found = _LIB_INSTANCES[module] = lib_cls()
+            break
+    _LIBS_BY_TYPE[t] = found
+    return found
+
+
+class GenericLib(ArrayLib):
+    """Device arrays of any other library: memory and copies by the driver."""
+    name = "cuda"
+
+    def view(self, array, argname):
+        return View(array, self, array.ptr, array.shape, array.strides_elements, array.dtype_name,
+                    ITEMSIZE[array.dtype_name], array.device, None)
+
+    def stream_scope(self, handle, device):
+        return contextlib.nullcontext()
+
+    def empty(self, shape, dtype, device, stream):
+        nbytes = shape[0] * shape[1] * ITEMSIZE[dtype]
+        return DeviceArray(DeviceMemory(nbytes, stream) if nbytes else None, tuple(shape), dtype,
+                           device, stream)
+
+    def zeros(self, shape, dtype, device, stream):
+        array = self.empty(shape, dtype, device, stream)
+        nbytes = shape[0] * shape[1] * ITEMSIZE[dtype]
+        if nbytes:
+            runtime.check(driver.cuMemsetD8Async(array.ptr, 0, nbytes, driver.CUstream(stream)),
+                          "cuMemsetD8Async")
+        return array
+
+    def window(self, array, rows, cols, transpose, argname):
+        shape, strides = (rows, cols), array.strides_elements
+        if transpose:
+            shape, strides = (cols, rows), strides[::-1]
+        return View(array, self, array.ptr, shape, strides, array.dtype_name,
+                    ITEMSIZE[array.dtype_name], array.device, None)
+
+    def copy_(self, dst, src, stream):
+        copy_2d(dst.ptr, dst.strides, src.ptr, src.strides, dst.shape, dst.itemsize, stream)
+
+    def zero_(self, dst, stream):
+        zeros = self.zeros(dst.shape, dst.dtype, dst.device, stream)
+        self.copy_(dst, self.window(zeros, dst.shape[0], dst.shape[1], False, "zeros"), stream)
+
+    def scale_(self, dst, src, beta, stream):
+        """Rare (K = 0 with beta not 0 or 1): through the host, synchronising `stream`."""
+        host = np.empty(src.shape, numpy_dtype(src.dtype))
+        copy_2d(host.ctypes.data, (src.shape[1], 1), src.ptr, src.strides, src.shape, src.itemsize, stream,
+                dst_host=True)
+        runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
+        scaled = (host.astype(np.float32) * np.float32(beta)).astype(host.dtype)
+        copy_2d(dst.ptr, dst.strides, scaled.ctypes.data, (scaled.shape[1], 1), dst.shape, dst.itemsize,
+                stream, src_host=True)
+        runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
+
+    def result(self, array, like):
+        namespace = getattr(like, "__array_namespace__", None)
+        return namespace().from_dlpack(array) if namespace is not None else array
+
+
+GENERIC = GenericLib()
