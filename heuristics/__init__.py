@@ -7,9 +7,10 @@
 - `config_from_env(problem, device)`: the `JITGEMM_CONFIG` override, validated.
 - `require_valid(config, problem, device, source)`: check_config that raises ValueError.
 
-sm_90a rules live in `sm90`, sm_100a rules in `sm100` (imported on first use); shared pieces
-(config checks, stage arithmetic, wave quantisation, raster, the pieces of the cost models,
-the search and ranking plumbing) in `common`.
+sm_90a rules live in `sm90`, sm_100a rules in `sm100` (imported on first use); shared pieces in
+`device` (DeviceSpec, the per-arch rates; their calibration in RATES.md), `rules` (config checks,
+stage arithmetic), `tiles` (block counts, wave quantisation, the scheduler's tile walk and raster),
+`cost` (the pieces of the cost models) and `search` (screening, ranking, explain's reports).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from jitgemm.config import KernelConfig, parse_json
 from jitgemm.problem import Problem
 
 from . import sm90
-from .common import DeviceSpec, field_mismatches, with_fields
+from .device import DeviceSpec
+from .rules import field_mismatches, with_fields
 
 __all__ = ["DeviceSpec", "select", "explain", "check_config", "config_from_env", "require_valid",
            "ENV_VAR", "SUPPORTED_ARCHS"]

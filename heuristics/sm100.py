@@ -29,15 +29,16 @@ from __future__ import annotations
 import functools
 
 from jitgemm.config import KernelConfig
-from jitgemm.layout_sm100 import (MN_PIECE, TMEM_COLUMNS, UMMA_M, layout_of, smem_bytes,
+from jitgemm.layout_sm100 import (MN_PIECE, TMEM_COLUMNS, UMMA_M, kernel_shape, layout_of, smem_bytes,
                                   structural_problems)
 from jitgemm.problem import DTYPE_BYTES, Problem
 
-from . import common
-from .common import (Candidate, DeviceSpec, Rejection, Traffic, ceil_div, choose_raster, config_problems,
-                     covered_extent, describe_layout, epilogue_clk, explain_search, kblock_terms, output_bytes,
-                     persistent_cost, report_terms, round_up, screen, select_best, wave_terms, waves_of,
-                     with_fields)
+from . import rules
+from .cost import Traffic, epilogue_clk, kblock_terms, output_bytes, persistent_cost, wave_terms
+from .device import DeviceSpec
+from .rules import config_problems, with_fields
+from .search import Candidate, Rejection, describe_layout, explain_search, report_terms, screen, select_best
+from .tiles import ceil_div, choose_raster, covered_extent, round_up, waves_of
 
 ARCH = "sm_100a"
 
@@ -73,7 +74,7 @@ def tmem_columns(num_consumers: int, block_n: int) -> int:
 
 def check_config(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
     """Why `cfg` cannot run `problem` on `device` (sm_100a), in words; empty when it can."""
-    return config_problems(cfg, problem, device, structural_problems, layout_of)
+    return config_problems(cfg, problem, device, structural_problems, layout_of, kernel_shape)
 
 
 def _layout_rejection(problem: Problem, device: DeviceSpec, swap_ab: bool, consumers: int,
@@ -182,7 +183,7 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
 def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int]:
     """(`cfg` with as many pipeline stages as fit shared memory (capped; at least 2), the count
     that fits (0 when not even 2 do))."""
-    return common.with_stages(cfg, device, smem_of=smem_bytes)
+    return rules.with_stages(cfg, device, smem_of=smem_bytes)
 
 
 def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
@@ -233,7 +234,7 @@ def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
 
 def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
     """Why `select` chose what it chose: the best `top` candidates with their modelled cost and
-    the layouts the rules removed (see common.explanation for the keys)."""
+    the layouts the rules removed (see search.explanation for the keys)."""
     return explain_search(ARCH, candidates, with_raster, problem, device, top, cost_model=COST_MODEL,
                           note="sm_100a kernels are compiled and SASS-checked only; "
                                "they have not run on Blackwell hardware")

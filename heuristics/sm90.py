@@ -25,7 +25,7 @@ bytes, the other splits' store, fence and count that split 0 waits for, and the 
 round trips of its read-back, serial after the main loop) and the epilogue (the template
 overlaps neither with the main loop); the whole never below the time to stream the operands (and the workspace) from DRAM
 once; plus a fixed cost per launch, more for a split-K launch.
-Rates and their calibration against H200 measurements: common.ArchRates.
+Rates: device.ArchRates; their calibration against H200 measurements: heuristics/RATES.md.
 """
 from __future__ import annotations
 
@@ -36,11 +36,13 @@ from jitgemm.layout import (SMEM_CAPACITY, WGMMA_M, KernelLayout, kernel_multica
                             structural_problems)
 from jitgemm.problem import DTYPE_BYTES, Problem
 
-from . import common
-from .common import (Candidate, DeviceSpec, Rejection, Traffic, ceil_div, choose_raster, config_problems,
-                     covered_extent, describe_layout, dram_run_efficiency, dram_stream_clk, epilogue_clk,
-                     explain_search, kblock_terms, mma_rate, output_bytes, persistent_cost, rank, report_terms, screen,
-                     select_best, wave_terms, waves_of, with_fields, MIN_STAGES)
+from . import rules
+from .cost import (Traffic, dram_run_efficiency, dram_stream_clk, epilogue_clk, kblock_terms, mma_rate, output_bytes,
+                   persistent_cost, wave_terms)
+from .device import DeviceSpec
+from .rules import MIN_STAGES, config_problems, with_fields
+from .search import Candidate, Rejection, describe_layout, explain_search, rank, report_terms, screen, select_best
+from .tiles import ceil_div, choose_raster, covered_extent, waves_of
 
 ARCH = "sm_90a"
 
@@ -141,7 +143,7 @@ def _register_problems(cfg: KernelConfig) -> list[str]:
 
 def check_config(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
     """Why `cfg` cannot run `problem` on `device` (sm_90a), in words; empty when it can."""
-    return config_problems(cfg, problem, device, structural_problems, layout_of, _register_problems) or \
+    return config_problems(cfg, problem, device, structural_problems, layout_of, kernel_shape, _register_problems) or \
         split_problems(cfg, problem, device)
 
 
@@ -188,7 +190,7 @@ def shared_wave(problem: Problem, device: DeviceSpec, block_m: int, block_n: int
     """One wave of work units (tiles x splits) of tiles of at least 128 rows over at least
     SHARED_WAVE_M_BLOCKS m blocks, N at least SHARED_WAVE_MIN_N: the CTAs walk K together, every
     k-slab of B is read by the CTAs of its column at the same moment and each of A by those of
-    its row (common.ArchRates.l2_shared_wave_gain). Measured on the H200 (bf16, us, the choice
+    its row (device.ArchRates.l2_shared_wave_gain, see RATES.md). Measured on the H200 (bf16, us, the choice
     with the gain against the one without): 4096x576x7168 52.4 against 56.6, 4096x512x7168 42.0
     against 61.2, 2048x1536x7168 60.0 against 74.4, 4096x768x4096 35.9 against 43.4,
     2048x2048x7168 82.9 against 84.9, 2048x576x7168 34.5 against 33.6. 64-row tiles are left
@@ -446,7 +448,7 @@ def stage_smem(cfg: KernelConfig) -> int:
 def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int]:
     """(`cfg` with as many pipeline stages as fit shared memory (capped; at least 2; see
     `stage_smem`), the count that fits (0 when not even 2 do))."""
-    return common.with_stages(cfg, device, stage_smem)
+    return rules.with_stages(cfg, device, stage_smem)
 
 
 def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
@@ -543,6 +545,6 @@ def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
 def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
     """Why `select` chose what it chose: the best `top` candidates with their modelled cost and
     terms (split_k, units, kb_per_unit, splitk_cycles, workspace_bytes among them) and the
-    layouts the rules removed (see common.explanation for the keys)."""
+    layouts the rules removed (see search.explanation for the keys)."""
     return explain_search(ARCH, candidates, finish, problem, device, top, cost_model=COST_MODEL,
                           clock_ghz=device.rates.clock_ghz)
