@@ -1,5 +1,6 @@
 """CPU tests of the heuristics layer (issue 3): selection tables, properties of every selected
 config, explain, the expert override (check_config, JITGEMM_CONFIG) and the shared helpers."""
+import ast
 import json
 import os
 import subprocess
@@ -10,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from jitgemm.config import KernelConfig
-from jitgemm.layout import layout_of, structural_problems
+from jitgemm.layout import SMEM_CAPACITY, layout_of, structural_problems
+from jitgemm.layout_sm100 import SMEM_CAPACITY as SM100_SMEM_CAPACITY
 from jitgemm.problem import LAYOUTS, Problem
 from jitgemm.render import render
 from jitgemm import heuristics
 from jitgemm.heuristics import DeviceSpec, check_config, config_from_env, explain, select
-from jitgemm.heuristics import cost, rules, sm90, tiles
+from jitgemm.heuristics import cost, rules, search, sm90, tiles
 
 H200 = DeviceSpec("sm_90a", 132)
 CAPACITY = 232448
@@ -1027,6 +1029,22 @@ def test_sm100_dispatch_is_lazy(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- shared helpers
+
+
+def test_device_smem_capacity_matches_the_layouts():
+    # heuristics.device keeps its own table (the shared modules import no arch layout): the same numbers
+    assert DeviceSpec("sm_90a").smem_capacity == SMEM_CAPACITY["sm_90a"] == CAPACITY
+    assert DeviceSpec("sm_100a").smem_capacity == SM100_SMEM_CAPACITY == SMEM_CAPACITY["sm_100a"]
+
+
+@pytest.mark.parametrize("module", [cost, heuristics.device, rules, search, tiles], ids=lambda m: m.__name__)
+def test_shared_modules_import_no_arch_layout(module):
+    tree = ast.parse(Path(module.__file__).read_text())
+    imported = [("." * node.level) + (node.module or "") for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert not [name for name in imported if name.startswith("jitgemm.layout")], imported
+    if module is tiles:      # self-contained (geometry): nothing of jitgemm, nothing else of the heuristics
+        assert not [name for name in imported if name.startswith(("jitgemm", "."))], imported
 
 
 def test_waves_of():
