@@ -8,8 +8,10 @@
 - `require_valid(config, problem, device, source)`: check_config that raises ValueError.
 
 Each arch's rules (`sm90`, `sm100`) are reached through its backend in `jitgemm.registry`;
-shared pieces (config checks, stage arithmetic, wave quantisation, raster, the pieces of the
-cost models, the search and ranking plumbing) live in `common`.
+shared pieces in `device` (DeviceSpec, the per-arch rates; their calibration in RATES.md),
+`rules` (config checks, stage arithmetic), `tiles` (block counts, wave quantisation, the
+scheduler's tile walk and raster), `cost` (the pieces of the cost models) and `search`
+(screening, ranking, explain's reports).
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from jitgemm import registry
 from jitgemm.config import KernelConfig, parse_json
 from jitgemm.problem import Problem
 
-from .common import DeviceSpec, field_mismatches
+from .device import DeviceSpec
+from .rules import field_mismatches
 
 __all__ = ["DeviceSpec", "select", "explain", "check_config", "config_from_env", "require_valid",
            "ENV_VAR", "SUPPORTED_ARCHS"]
@@ -100,7 +103,7 @@ def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> Kerne
     as fit) and split_k (the cost model's best for that tile) when the tile changes, and the
     raster when the tile or split_k changes. `{"split_k": 4}` alone keeps select's tile and
     splits its K range up to 4 ways; `{"split_k": 1}` turns split-K off. `{"swap_ab": true}`
-    (tile fields then in kernel coordinates, see jitgemm.layout) drops select's B tail, a_rows,
+    (tile fields then in kernel coordinates, see jitgemm.geometry) drops select's B tail, a_rows,
     split-K and pair unless given. On sm_100a the same by
     the sm100 rules: num_consumers = block_m // 128, multicast 'A' under swap_ab else 'B' for a
     2-CTA pair (and 'none' without), num_stages and the raster by sm100's rules when the tile or

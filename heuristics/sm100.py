@@ -1,7 +1,7 @@
 """Kernel selection for Blackwell (sm_100a, tcgen05), after DeepGEMM's sm100 rules.
 
 How the config's fields read on sm_100a (kernel coordinates, swap_ab, the 2-CTA pair) is
-documented in `jitgemm.layout_sm100`. In short: with swap_ab the kernel runs D^T = B^T A^T, so
+documented in `jitgemm.archs.sm100.layout`. In short: with swap_ab the kernel runs D^T = B^T A^T, so
 kernel M = user N and kernel N = user M; block_m = 128 per MMA consumer (1 or 2 consumers),
 block_n = the MMA's N; cluster_size 2 is the cooperative 2-CTA MMA (cta_group::2), pairing
 neighbouring kernel-M tiles so that the CTAs split the MMA-B tile, which is the user operand
@@ -33,13 +33,19 @@ from jitgemm.archs.sm100.layout import (MN_PIECE, TMEM_COLUMNS, UMMA_M, layout_o
                                   structural_problems)
 from jitgemm.problem import DTYPE_BYTES, Problem
 
-from . import common
-from .common import (Candidate, DeviceSpec, Rejection, Traffic, ceil_div, choose_raster, config_problems,
-                     covered_extent, describe_layout, epilogue_clk, explain_search, kblock_terms, output_bytes,
-                     persistent_cost, report_terms, round_up, screen, select_best, wave_terms, waves_of,
-                     with_fields)
+from . import rules
+from .cost import Traffic, epilogue_clk, kblock_terms, output_bytes, persistent_cost, wave_terms
+from .device import ArchRates, DeviceSpec
+from .rules import config_problems, with_fields
+from .search import Candidate, Rejection, describe_layout, explain_search, report_terms, screen, select_best
+from jitgemm.geometry import ceil_div, choose_raster, covered_extent, round_up, waves_of
 
 ARCH = "sm_100a"
+# Placeholders until measured (the model uses the tensor-core, shared-memory, L2 and latency
+# rates; no clock credit; the ingress and run overhead sm_90a's).
+RATES = ArchRates(mma_flops_per_clk=8192, mma_peak_flops_per_clk=8192, l2_sm_bytes_per_clk=64,
+                  l2_total_bytes_per_clk=8192, hbm_bytes_per_clk=4000, dram_read_bytes_per_clk=4000,
+                  dram_run_overhead_bytes=32, load_latency_clk=1000)
 
 CONSUMERS = (1, 2)
 BLOCK_NS = tuple(range(16, 257, 16))
@@ -63,7 +69,7 @@ def shared_operand(swap_ab: bool) -> str:
 
 def tmem_columns(num_consumers: int, block_n: int) -> int:
     """TMEM columns the accumulators take: block_n fp32 columns per consumer, double-buffered
-    when that fits the 512 columns (as layout_sm100 lays it out)."""
+    when that fits the 512 columns (as jitgemm.archs.sm100.layout lays it out)."""
     single = num_consumers * block_n
     return 2 * single if 2 * single <= TMEM_COLUMNS else single
 
@@ -182,7 +188,7 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
 def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int]:
     """(`cfg` with as many pipeline stages as fit shared memory (capped; at least 2), the count
     that fits (0 when not even 2 do))."""
-    return common.with_stages(cfg, device, smem_of=smem_bytes)
+    return rules.with_stages(cfg, device, smem_of=smem_bytes)
 
 
 def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
@@ -233,7 +239,7 @@ def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
 
 def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
     """Why `select` chose what it chose: the best `top` candidates with their modelled cost and
-    the layouts the rules removed (see common.explanation for the keys)."""
+    the layouts the rules removed (see search.explanation for the keys)."""
     return explain_search(ARCH, candidates, with_raster, problem, device, top, cost_model=COST_MODEL,
                           note="sm_100a kernels are compiled and SASS-checked only; "
                                "they have not run on Blackwell hardware")
@@ -251,7 +257,7 @@ def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, devic
     if "multicast" not in data and ("cluster_size" in data or "swap_ab" in data):
         merged["multicast"] = ("A" if merged["swap_ab"] else "B") if merged["cluster_size"] == 2 else "none"
     cfg = KernelConfig(**merged)
-    if any(k in data for k in common.TILE_FIELDS) and not structural_problems(cfg):
+    if any(k in data for k in rules.TILE_FIELDS) and not structural_problems(cfg):
         if "num_stages" not in data:
             cfg, _ = with_stages(cfg, device)
         if "raster" not in data and "group_size" not in data:

@@ -25,7 +25,7 @@ bytes, the other splits' store, fence and count that split 0 waits for, and the 
 round trips of its read-back, serial after the main loop) and the epilogue (the template
 overlaps neither with the main loop); the whole never below the time to stream the operands (and the workspace) from DRAM
 once; plus a fixed cost per launch, more for a split-K launch.
-Rates and their calibration against H200 measurements: common.ArchRates.
+Rates: device.ArchRates; their calibration against H200 measurements: heuristics/RATES.md.
 """
 from __future__ import annotations
 
@@ -34,16 +34,20 @@ import functools
 from jitgemm.config import KernelConfig
 from jitgemm.archs.sm90.layout import (SMEM_CAPACITY, WGMMA_M, KernelLayout, kernel_multicast, layout_of, read_batch,
                             structural_problems)
+from jitgemm import geometry
 from jitgemm.geometry import kernel_shape
 from jitgemm.problem import DTYPE_BYTES, Problem
 
-from . import common
-from .common import (Candidate, DeviceSpec, Rejection, Traffic, ceil_div, choose_raster, config_problems,
-                     covered_extent, describe_layout, dram_run_efficiency, dram_stream_clk, epilogue_clk,
-                     explain_search, kblock_terms, mma_rate, output_bytes, persistent_cost, rank, report_terms, screen,
-                     select_best, wave_terms, waves_of, with_fields, MIN_STAGES)
+from . import rules
+from .cost import (Traffic, dram_run_efficiency, dram_stream_clk, epilogue_clk, kblock_terms, mma_rate, output_bytes,
+                   persistent_cost, wave_terms)
+from .device import ArchRates, DeviceSpec
+from .rules import MIN_STAGES, config_problems, with_fields
+from .search import Candidate, Rejection, describe_layout, explain_search, rank, report_terms, screen, select_best
+from jitgemm.geometry import ceil_div, choose_raster, covered_extent, waves_of
 
 ARCH = "sm_90a"
+RATES = ArchRates()     # measured on the H200 (heuristics/RATES.md)
 
 # Register split of the template (setmaxnreg in templates/sm90/gemm.cu.j2).
 PRODUCER_REGS = 40
@@ -189,7 +193,7 @@ def shared_wave(problem: Problem, device: DeviceSpec, block_m: int, block_n: int
     """One wave of work units (tiles x splits) of tiles of at least 128 rows over at least
     SHARED_WAVE_M_BLOCKS m blocks, N at least SHARED_WAVE_MIN_N: the CTAs walk K together, every
     k-slab of B is read by the CTAs of its column at the same moment and each of A by those of
-    its row (common.ArchRates.l2_shared_wave_gain). Measured on the H200 (bf16, us, the choice
+    its row (device.ArchRates.l2_shared_wave_gain, see RATES.md). Measured on the H200 (bf16, us, the choice
     with the gain against the one without): 4096x576x7168 52.4 against 56.6, 4096x512x7168 42.0
     against 61.2, 2048x1536x7168 60.0 against 74.4, 4096x768x4096 35.9 against 43.4,
     2048x2048x7168 82.9 against 84.9, 2048x576x7168 34.5 against 33.6. 64-row tiles are left
@@ -225,11 +229,6 @@ def single_wave_rule(problem: Problem, device: DeviceSpec, block_m: int, block_n
     return None
 
 
-def splits_used(cfg: KernelConfig, k: int) -> int:
-    """K splits a launch actually uses (jitgemm.launch.num_splits): at most one per K block."""
-    return max(1, min(cfg.split_k, ceil_div(k, cfg.block_k)))
-
-
 def split_choices(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, cluster: int,
                   multicast: str, block_k: int) -> list[int]:
     """The split_k values worth costing for a layout: 1, and each of SPLITS that leaves every
@@ -246,18 +245,14 @@ def split_choices(problem: Problem, device: DeviceSpec, block_m: int, block_n: i
 
 
 def cluster_tiles_of(problem: Problem, block_m: int, block_n: int, multicast: str) -> int:
-    """Work items of one K split (jitgemm.launch.cluster_tiles): tiles, or pairs of tiles."""
-    num_m, num_n = ceil_div(problem.m, block_m), ceil_div(problem.n, block_n)
-    if multicast == "A":
-        num_n = ceil_div(num_n, 2)
-    elif multicast == "B":
-        num_m = ceil_div(num_m, 2)
-    return num_m * num_n
+    """Work items of one K split of an unswapped tiling: tiles, or pairs sharing `multicast`."""
+    return geometry.cluster_tiles(ceil_div(problem.m, block_m), ceil_div(problem.n, block_n),
+                                  {"A": "n", "B": "m"}.get(multicast))
 
 
 def readback_rounds(lay: KernelLayout, splits: int) -> int:
     """Dependent L2 round trips split 0 of a tile needs to read the other splits' partials
-    back: one per batch of `jitgemm.layout.read_batch(lay)` splits (0 without split-K).
+    back: one per batch of `jitgemm.archs.sm90.layout.read_batch(lay)` splits (0 without split-K).
 
     The template's read-back loop runs over the batches outermost, with the splits of a batch,
     the 64-row atoms and the float4 columns of a math thread unrolled inside it, so all loads of
@@ -344,7 +339,7 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     tr = traffic(problem, bm, bn, b_box, cfg.multicast)
     num_m = ceil_div(problem.m, bm)
     k_blocks = ceil_div(problem.k, bk)
-    splits = splits_used(cfg, problem.k)
+    splits = geometry.num_splits(cfg, problem.k)
     kb_unit = ceil_div(k_blocks, splits)                    # the longest split's K blocks
     slice_bytes = bk * elem                                 # one row/column of a k-block
 
@@ -447,13 +442,13 @@ def stage_smem(cfg: KernelConfig) -> int:
 def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int]:
     """(`cfg` with as many pipeline stages as fit shared memory (capped; at least 2; see
     `stage_smem`), the count that fits (0 when not even 2 do))."""
-    return common.with_stages(cfg, device, stage_smem)
+    return rules.with_stages(cfg, device, stage_smem)
 
 
 def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
     """`cfg` with the L2 raster (side and group size) of the smallest working set. With split-K
     the consecutive work units of a wave are the splits of fewer tiles."""
-    slots = max(1, device.num_sms // cfg.cluster_size // splits_used(cfg, problem.k))
+    slots = max(1, device.num_sms // cfg.cluster_size // geometry.num_splits(cfg, problem.k))
     km, kn = kernel_shape(cfg, problem.m, problem.n)     # swap_ab tiles are in kernel coordinates
     raster, group, _ = choose_raster(ceil_div(km, cfg.block_m), ceil_div(kn, cfg.block_n),
                                      cfg.block_m, b_box_of(cfg), slots, kernel_multicast(cfg))
@@ -544,7 +539,7 @@ def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
 def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
     """Why `select` chose what it chose: the best `top` candidates with their modelled cost and
     terms (split_k, units, kb_per_unit, splitk_cycles, workspace_bytes among them) and the
-    layouts the rules removed (see common.explanation for the keys)."""
+    layouts the rules removed (see search.explanation for the keys)."""
     return explain_search(ARCH, candidates, finish, problem, device, top, cost_model=COST_MODEL,
                           clock_ghz=device.rates.clock_ghz)
 
@@ -571,7 +566,7 @@ def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, devic
             if field not in data:
                 merged[field] = off
     cfg = KernelConfig(**merged)
-    tile_changed = any(k in data for k in common.TILE_FIELDS)
+    tile_changed = any(k in data for k in rules.TILE_FIELDS)
     if not (tile_changed or "split_k" in data):
         return cfg
     if tile_changed and structural_problems(cfg) and "cluster_size" not in data and "multicast" not in data:

@@ -61,11 +61,11 @@ def _out_dtype_name(out_dtype, input_dtype: str) -> str:
                 name = str(out_dtype)            # torch.float32, ...
             except Exception:
                 name = ""
-    name = _DTYPE_ALIASES.get(name.removeprefix("torch."))
-    if name not in (input_dtype, "fp32"):
+    alias = _DTYPE_ALIASES.get(name.removeprefix("torch."))
+    if alias is None or alias not in (input_dtype, "fp32"):
         raise TypeError(f"out_dtype: expected None, the input dtype ({NUMPY_NAMES[input_dtype]}) or "
                         f"float32, got {out_dtype!r}")
-    return name
+    return alias
 
 
 def _stream_handle(stream) -> int:
@@ -230,6 +230,7 @@ class _Plan:
 
     def run(self, out, explicit_stream: bool):
         if out is not None:
+            assert self.fixed is not None      # a plan of calls with out has their launch
             self.fixed()
             return out
         lib, stream = self.lib, self.kernel.stream
@@ -339,7 +340,7 @@ def gemm(a, b, out=None, *, c=None, alpha=1.0, beta=1.0, out_dtype=None, stream=
                    lib.current_stream(dev) if stream is None else _stream_handle(stream))
             plan = _plans.get(key)
         except (AttributeError, TypeError):     # mixed kinds of arrays, odd arguments: the general path
-            key = plan = None
+            key, plan = None, None
         if plan is not None:
             result = plan.run(out, stream is not None)
             if result is not None:
@@ -451,7 +452,7 @@ class _Decision:
         self.a_major, self.a_copy = _operand_major(va)
         self.b_major, self.b_copy = _operand_major(vb)
         self.has_c = vc is not None and beta != 0.0
-        self.c_copy = self.has_c and not _output_ready(vc)
+        self.c_copy = vc is not None and self.has_c and not _output_ready(vc)
         self.problem = Problem(m, n, k, va.dtype, odt, "K" if self.a_major == 1 else "M",
                                "N" if self.b_major == 1 else "K", self.has_c)
         self.cfg = _config_for(self.problem, dev, config)
@@ -553,7 +554,8 @@ def _gemm_host(va, vb, vo, vc, m, n, k, odt, alpha, beta, explicit, config):
 def _upload(view: View, major: int, dev: int, stream: int, staged: list) -> View:
     """A zero-padded device copy of host `view`, `major` innermost, as a View."""
     rows, cols = view.shape
-    host = view.array if major == 1 else view.array.T
+    array: np.ndarray = view.array      # type: ignore[assignment]  # a host view holds a NumPy array
+    host = array if major == 1 else array.T
     pad = TMA_ALIGN // view.itemsize
     staging = np.zeros((host.shape[0], -(-host.shape[1] // pad) * pad), host.dtype)
     staging[:, :host.shape[1]] = host

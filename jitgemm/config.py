@@ -40,7 +40,7 @@ class KernelConfig:
     raster: str = "m"           # "m": groups of block-rows, "n": groups of block-columns
     has_c: bool = False         # epilogue reads C and computes alpha*acc + beta*C
     swap_ab: bool = False       # compute D^T = B^T A^T, the user's M on the MMA's N side; the
-                                # tiling fields are then in kernel coordinates (jitgemm.layout)
+                                # tiling fields are then in kernel coordinates (jitgemm.geometry)
     split_k: int = 1            # >1: up to this many CTAs share a tile's K range (fp32 fix-up)
     a_rows: int = 0             # >0: rows of A loaded per tile (< block_m for M < block_m decode
                                 # shapes, so TMA does not fill rows past M); 0 = block_m

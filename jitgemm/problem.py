@@ -10,7 +10,7 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # Size limits. The kernels take M, N, K as 32-bit ints and compute tile origins up to one tile
 # (at most 512 wide) past the last row or column: each dimension leaves room for that. The
-# output's elements bound the tile count, also a 32-bit int (heuristics.common.shape_problems):
+# output's elements bound the tile count, also a 32-bit int (heuristics.rules.shape_problems):
 # 2^40 elements, more than any GPU holds, still leave tiles of 128 x 256 far below 2^31.
 MAX_DIM = (1 << 31) - 1024
 MAX_OUTPUT_ELEMENTS = 1 << 40

@@ -1,5 +1,6 @@
 """CPU tests of the heuristics layer (issue 3): selection tables, properties of every selected
 config, explain, the expert override (check_config, JITGEMM_CONFIG) and the shared helpers."""
+import ast
 import json
 import os
 import subprocess
@@ -9,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from jitgemm import geometry
 from jitgemm.config import KernelConfig
 from jitgemm.archs.sm90.layout import layout_of, structural_problems
 from jitgemm.problem import LAYOUTS, Problem
 from jitgemm.render import render
 from jitgemm import heuristics
 from jitgemm.heuristics import DeviceSpec, check_config, config_from_env, explain, select
-from jitgemm.heuristics import common, sm90
+from jitgemm import geometry as tiles
+from jitgemm.heuristics import cost, rules, search, sm90
 
 H200 = DeviceSpec("sm_90a", 132)
 CAPACITY = 232448
@@ -23,14 +26,14 @@ CAPACITY = 232448
 # ----------------------------------------------------------------------------- the table
 # bf16 inputs and output, A K-major and B N-major (layout "nt", B MN-major: loaded in pieces of
 # the layout's swizzle width, 64 columns for tiles >= 64 wide (so block_n 176 reads 192), 32 or
-# 16 for narrower tiles), 132 SMs. The model (common.ArchRates has each constant and the
-# measurement that fixes it; H200_MEASURED below has the points):
+# 16 for narrower tiles), 132 SMs. The model (heuristics/RATES.md has each constant of
+# device.ArchRates and the measurement that fixes it; H200_MEASURED below has the points):
 # - a CTA streaming from DRAM spends per k-block the loaded DRAM latency over its stages in
 #   flight plus its share of the read bandwidth, so deep pipelines (m64n64: 13 stages) stream
 #   well from few CTAs and splitting K to get more streams pays less than it did;
 # - DRAM runs are one row of one TMA box (a piece, for MN-major B): 32-byte pieces stream at
 #   67%, 64-byte at 80%, 128-byte at 89%; the overhang of padded pieces comes from DRAM twice;
-# - with fewer SMs busy the tensor cores run faster (the clock credit, common.mma_rate);
+# - with fewer SMs busy the tensor cores run faster (the clock credit, cost.mma_rate);
 # - multicast only past one wave of work units, except pairs sharing B when M is exactly two
 #   m blocks (sm90.single_wave_rule): B dominates their traffic, and multicast halves its L2
 #   reads even in one wave;
@@ -86,7 +89,7 @@ TABLE = [
     ((4096, 24576, 1536), (128, 256, 2, "B", 1),
      "tensor-core bound: 96 column blocks of 256 x 16 m-block pairs = 24 waves (27% last): "
      "445.41 us, ahead of 25 waves of 240-wide tiles, which land 256 columns of B each and are "
-     "delivery bound (common.ArchRates.l2_delivery_bytes_per_clk). Measured 478.0 us against "
+     "delivery bound (device.ArchRates.l2_delivery_bytes_per_clk). Measured 478.0 us against "
      "499.4 for m128n240 pairs"),
     ((8192, 24576, 1536), (128, 256, 2, "B", 1), "as M=4096: 47 waves"),
     # --- Llama (4096, 4096)
@@ -272,7 +275,7 @@ H200_MEASURED = [
     ((4096, 768, 4096), (128, 192, 2, "A", 1), 35.92, (128, 256, 1, "none", 1), 43.39),
     ((2048, 576, 7168), (128, 144, 2, "A", 2), 34.51, (128, 96, 2, "A", 1), 41.81),
     ((2048, 576, 7168), (128, 192, 1, "none", 2), 33.64, (128, 96, 2, "A", 1), 41.81),
-    # the wide tiles of the large shapes (common.ArchRates.l2_delivery_bytes_per_clk)
+    # the wide tiles of the large shapes (device.ArchRates.l2_delivery_bytes_per_clk)
     ((4096, 32768, 512), (128, 256, 2, "B", 1), 244.44, (128, 192, 2, "A", 1), 258.69),
     ((4096, 32768, 512), (128, 256, 2, "B", 1), 244.44, (128, 224, 2, "B", 1), 263.05),
     ((4096, 24576, 1536), (128, 256, 2, "B", 1), 477.98, (128, 240, 2, "B", 1), 499.40),
@@ -293,7 +296,7 @@ H200_MEASURED = [
 #   (11.5 and 11.4): multicast A loads the whole 64-row box of A (sm90.with_a_rows), which the
 #   model does not see.
 # Configs modelled further off than TOLERANCE, with what is known: at 1x4096x7168 the unsplit
-# m64n64 runs 16.7 us against 21.89 modelled: the DRAM latency (common.ArchRates.dram_latency_clk)
+# m64n64 runs 16.7 us against 21.89 modelled: the DRAM latency (device.ArchRates.dram_latency_clk)
 # was fixed on these tiles without PDL; the same m64n64 at 64x4096x7168 is just inside (17.8
 # against 22.12). The unsplit m64n128 B pairs at 128x7168x16384 run 65.9 against 82.96: in the
 # model each CTA's DRAM stream takes 81.5 us of it, above the 60.7 us DRAM floor. The unsplit
@@ -336,9 +339,9 @@ def test_table_covers_the_issue_grid_and_the_public_set():
 def _measured_cost(shape, tile):
     block_m, block_n, cluster, multicast, split_k, *b_tail = tile
     p = Problem(*shape, "bf16", "bf16", "K", "N")
-    cfg = common.base_config(p, H200, block_m=block_m, block_n=block_n, num_consumers=sm90.num_consumers_for(block_m),
-                             cluster_size=cluster, multicast=multicast)
-    cfg, _ = sm90.with_stages(common.with_fields(cfg, split_k=split_k, b_tail=bool(b_tail)), H200)
+    cfg = rules.base_config(p, H200, block_m=block_m, block_n=block_n, num_consumers=sm90.num_consumers_for(block_m),
+                            cluster_size=cluster, multicast=multicast)
+    cfg, _ = sm90.with_stages(rules.with_fields(cfg, split_k=split_k, b_tail=bool(b_tail)), H200)
     assert check_config(cfg, p, H200) == [], (shape, tile)
     return sm90.cost_of(p, H200, cfg)
 
@@ -371,9 +374,9 @@ H200_STAGES = [
 def test_model_ranks_pipeline_depth_as_measured(tile, deep, shallow):
     p = Problem(4096, 4096, 4096)
     block_m, block_n, cluster, multicast = tile
-    base = common.base_config(p, H200, block_m=block_m, block_n=block_n, num_consumers=2, cluster_size=cluster,
-                              multicast=multicast)
-    costs = [sm90.cost_of(p, H200, common.with_fields(base, num_stages=stages)) for stages, _ in (deep, shallow)]
+    base = rules.base_config(p, H200, block_m=block_m, block_n=block_n, num_consumers=2, cluster_size=cluster,
+                             multicast=multicast)
+    costs = [sm90.cost_of(p, H200, rules.with_fields(base, num_stages=stages)) for stages, _ in (deep, shallow)]
     assert costs[0].cost < costs[1].cost, [c.terms["model_us"] for c in costs]
     # and within TOLERANCE of the measured ratio of the two depths
     ratio, measured = costs[1].cost / costs[0].cost, shallow[1] / deep[1]
@@ -435,7 +438,7 @@ def test_every_selected_config_is_sound(device):
         if cfg.block_m * cfg.block_n < 128 * 192:
             assert cfg.num_stages >= 4, where
         # and no deeper than the cap, nor shallower than what fits
-        assert cfg.num_stages == common.MAX_STAGES or sm90.stage_smem(
+        assert cfg.num_stages == rules.MAX_STAGES or sm90.stage_smem(
             KernelConfig(**{**cfg.to_dict(), "num_stages": cfg.num_stages + 1})) > CAPACITY, where
         # cluster divides the SM count; no multicast on a single wave of work units, except
         # pairs sharing B when M is exactly two m blocks and pairs sharing A in a shared wave
@@ -443,7 +446,7 @@ def test_every_selected_config_is_sound(device):
         assert device.num_sms % cfg.cluster_size == 0, where
         num_m = -(-p.m // cfg.block_m)
         tiles = num_m * -(-p.n // cfg.block_n)
-        splits = sm90.splits_used(cfg, p.k)
+        splits = geometry.num_splits(cfg, p.k)
         if tiles * splits <= device.num_sms:
             assert cfg.cluster_size == 1 or (cfg.multicast == "B" and num_m == 2) or \
                 (cfg.multicast == "A" and sm90.shared_wave(p, device, cfg.block_m, cfg.block_n, splits, 2)), where
@@ -494,7 +497,7 @@ def test_decode_keeps_enough_dram_bytes_in_flight(b_major):
     for n, k in DEEPSEEK + LLAMA + [(7168, 2048), (576, 7168), (4096, 7168)]:
         for m in (1, 16):
             cfg = select(Problem(m, n, k, b_major=b_major), H200)
-            units = -(-n // cfg.block_n) * sm90.splits_used(cfg, k)
+            units = -(-n // cfg.block_n) * geometry.num_splits(cfg, k)
             assert cfg.block_m * -(-m // cfg.block_m) <= 128
             in_flight = min(units, H200.num_sms) * (cfg.num_stages - 1) * cfg.block_n * cfg.block_k * 2
             assert in_flight >= min(need, n * k * 2), (m, n, k, cfg.name, in_flight, need)
@@ -610,23 +613,23 @@ def test_cost_model_reads_b_padding_from_the_layout():
 def test_dram_stream_and_clock_credit():
     r = H200.rates
     stage = 16384
-    per_cta = [stage / common.dram_stream_clk(r, 8, stage, a) for a in (1, 16, 64, 112, 128, 132)]
-    chip = [a * stage / common.dram_stream_clk(r, 8, stage, a) for a in (1, 16, 64, 112, 128, 132)]
+    per_cta = [stage / cost.dram_stream_clk(r, 8, stage, a) for a in (1, 16, 64, 112, 128, 132)]
+    chip = [a * stage / cost.dram_stream_clk(r, 8, stage, a) for a in (1, 16, 64, 112, 128, 132)]
     assert per_cta == sorted(per_cta, reverse=True)          # each CTA gets less ...
     assert chip == sorted(chip)                              # ... but the chip gets more
     assert chip[-1] < r.dram_read_bytes_per_clk              # never more than the read bandwidth
     # a CTA alone is latency bound: its bytes in flight over the DRAM latency
     assert per_cta[0] == pytest.approx(7 * stage / (r.dram_latency_clk + 7 * stage / r.dram_read_bytes_per_clk))
     # deeper pipelines stream more per CTA
-    assert common.dram_stream_clk(r, 13, stage, 64) < common.dram_stream_clk(r, 6, stage, 64)
+    assert cost.dram_stream_clk(r, 13, stage, 64) < cost.dram_stream_clk(r, 6, stage, 64)
     # runs: a box row; 32-, 64-, 128-byte pieces stream at 67%, 80%, 89%
-    assert [round(common.dram_run_efficiency(r, b), 2) for b in (32, 64, 128)] == [0.67, 0.8, 0.89]
+    assert [round(cost.dram_run_efficiency(r, b), 2) for b in (32, 64, 128)] == [0.67, 0.8, 0.89]
     assert sm90.dram_runs(Problem(1, 576, 7168), KernelConfig(block_m=64, block_n=48, num_consumers=1)) == (128, 32)
     assert sm90.dram_runs(Problem(1, 576, 7168), KernelConfig(block_m=64, block_n=192, num_consumers=1)) == (128, 128)
     # the clock credit: 3200 FLOPs/clock with every SM busy, more with fewer, up to 4096
-    assert common.mma_rate(r, 132, 132) == r.mma_flops_per_clk == 3200
-    assert common.mma_rate(r, 132, 96) == r.mma_peak_flops_per_clk == 4096
-    assert 3200 < common.mma_rate(r, 132, 120) < 4096
+    assert cost.mma_rate(r, 132, 132) == r.mma_flops_per_clk == 3200
+    assert cost.mma_rate(r, 132, 96) == r.mma_peak_flops_per_clk == 4096
+    assert 3200 < cost.mma_rate(r, 132, 120) < 4096
 
 
 def test_split_k_cost_terms():
@@ -646,17 +649,7 @@ def test_split_k_cost_terms():
     # a launch never uses more splits than K blocks (jitgemm.geometry.num_splits)
     short = Problem(128, 7168, 200)                          # 4 K blocks
     cfg = KernelConfig(**{**base.to_dict(), "split_k": 8})
-    assert sm90.splits_used(cfg, short.k) == 4 == sm90.cost_of(short, H200, cfg).terms["split_k"]
-
-
-def test_splits_used_matches_the_launch():
-    from jitgemm import geometry, registry
-    for split_k in (1, 2, 3, 8, 32):
-        for k in (1, 63, 64, 65, 200, 7168):
-            cfg = KernelConfig(split_k=split_k)
-            assert sm90.splits_used(cfg, k) == geometry.num_splits(cfg, k)
-            assert sm90.cluster_tiles_of(Problem(1000, 3000, k), 128, 128, "A") == \
-                registry.get("sm_90a").cluster_tiles(KernelConfig(cluster_size=2, multicast="A"), 1000, 3000)
+    assert geometry.num_splits(cfg, short.k) == 4 == sm90.cost_of(short, H200, cfg).terms["split_k"]
 
 
 def test_partial_rows_and_readback_mirror_the_template():
@@ -869,10 +862,10 @@ def test_tile_counts_that_wrap_int32_are_rejected():
     with pytest.raises(ValueError, match=r"Problem.k must be an int in \[1, 2147482624\]"):
         Problem(1, 1, 1 << 31)
     tiny = KernelConfig(block_m=64, block_n=16, num_consumers=1, group_size=16)
-    reasons = check_config(common.with_fields(tiny, split_k=4), huge, H200)
+    reasons = check_config(rules.with_fields(tiny, split_k=4), huge, H200)
     assert any("32-bit work unit count" in r for r in reasons), reasons
     wide = Problem(1, (1 << 31) - 1024, 64)    # one m block, 2^27 n blocks of 16: group 4096 wraps
-    assert any("raster group" in r for r in check_config(common.with_fields(tiny, group_size=4096), wide, H200))
+    assert any("raster group" in r for r in check_config(rules.with_fields(tiny, group_size=4096), wide, H200))
     # select never picks such a tiling; what it picks passes the checks
     for p in (huge, wide):
         cfg = select(p, H200)
@@ -896,7 +889,7 @@ def test_env_partial_override_rederives_dependent_fields(monkeypatch):
     cfg = config_from_env(p, H200)
     assert (cfg.block_m, cfg.block_n, cfg.num_consumers) == (64, 208, 1)
     assert (cfg.dtype, cfg.out_dtype, cfg.a_major, cfg.b_major) == ("fp16", "fp32", "M", "K")
-    assert cfg.num_stages == common.max_stages(cfg, CAPACITY, smem_of=sm90.stage_smem)
+    assert cfg.num_stages == rules.max_stages(cfg, CAPACITY, smem_of=sm90.stage_smem)
     assert check_config(cfg, p, H200) == []
     # multicast implies the cluster; cluster 1 implies no multicast
     monkeypatch.setenv("JITGEMM_CONFIG", '{"multicast": "A", "block_m": 128, "block_n": 128}')
@@ -1035,16 +1028,26 @@ def test_backends_load_on_first_use():
     assert out.stdout.strip() == "['jitgemm.archs.sm90.arch']"
 
 
-# ----------------------------------------------------------------------------- common helpers
+# ----------------------------------------------------------------------------- shared helpers
+
+
+@pytest.mark.parametrize("module", [cost, heuristics.device, rules, search, tiles], ids=lambda m: m.__name__)
+def test_shared_modules_import_no_arch_backend(module):
+    tree = ast.parse(Path(module.__file__).read_text())
+    imported = [("." * node.level) + (node.module or "") for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert not [name for name in imported if name.startswith("jitgemm.archs")], imported
+    if module is tiles:      # jitgemm.geometry: below the heuristics and the backends
+        assert not [name for name in imported if name.startswith(("jitgemm", ".."))], imported
 
 
 def test_waves_of():
-    w = common.waves_of(512, 132)
+    w = tiles.waves_of(512, 132)
     assert (w.waves, w.last_wave_tiles) == (4, 116)
     assert w.last_wave_util == pytest.approx(116 / 132)
     assert w.efficiency == pytest.approx(512 / 528)
-    assert common.waves_of(100, 132).waves == 1
-    assert common.waves_of(264, 132).last_wave_util == 1.0
+    assert tiles.waves_of(100, 132).waves == 1
+    assert tiles.waves_of(264, 132).last_wave_util == 1.0
 
 
 def test_max_stages_matches_brute_force():
@@ -1052,24 +1055,24 @@ def test_max_stages_matches_brute_force():
                 KernelConfig(block_m=256, block_n=128, out_dtype="fp32"),
                 KernelConfig(block_n=112, b_major="N"), KernelConfig(block_n=256, out_dtype="fp32")]:
         brute = 0
-        for s in range(2, common.MAX_STAGES + 1):
+        for s in range(2, rules.MAX_STAGES + 1):
             if layout_of(KernelConfig(**{**cfg.to_dict(), "num_stages": s})).smem_bytes <= CAPACITY:
                 brute = s
-        assert common.max_stages(cfg, CAPACITY) == brute, cfg.name
+        assert rules.max_stages(cfg, CAPACITY, smem_of=lambda c: layout_of(c).smem_bytes) == brute, cfg.name
 
 
 def test_stage_rule():
-    assert common.stage_rule(128, 256, 3) is None
-    assert "need >= 3" in common.stage_rule(128, 256, 2)
-    assert "need >= 4" in common.stage_rule(128, 128, 3)
-    assert common.stage_rule(128, 128, 4) is None
+    assert rules.stage_rule(128, 256, 3) is None
+    assert "need >= 3" in rules.stage_rule(128, 256, 2)
+    assert "need >= 4" in rules.stage_rule(128, 128, 3)
+    assert rules.stage_rule(128, 128, 4) is None
 
 
 def test_covered_extent():
-    assert common.covered_extent(1000, 128, 128) == 1000
+    assert tiles.covered_extent(1000, 128, 128) == 1000
     # blocks of 112 loading 128 columns: each re-reads 16 of its neighbour, clipped at the edge
-    assert common.covered_extent(1000, 112, 128) == 8 * 128 + (1000 - 8 * 112)
-    assert common.covered_extent(100, 16, 64) == sum(min(64, 100 - j * 16) for j in range(7))
+    assert tiles.covered_extent(1000, 112, 128) == 8 * 128 + (1000 - 8 * 112)
+    assert tiles.covered_extent(100, 16, 64) == sum(min(64, 100 - j * 16) for j in range(7))
 
 
 @pytest.mark.parametrize("pair", ["none", "A", "B"])
@@ -1077,7 +1080,7 @@ def test_covered_extent():
 def test_tile_order_visits_every_tile_once(pair, raster):
     num_m, num_n = 7, 5
     seen = []
-    for item in common.tile_order(num_m, num_n, raster, 3, pair):
+    for item in tiles.tile_order(num_m, num_n, raster, 3, pair):
         seen.extend(item)
         if pair == "A":
             assert item[0][0] == item[1][0]          # same m block: they share A
@@ -1090,16 +1093,16 @@ def test_tile_order_visits_every_tile_once(pair, raster):
 
 def test_choose_raster_minimises_the_working_set():
     # A tall-thin grid: grouping along M (the long side) keeps fewer B columns live.
-    raster, group, fp = common.choose_raster(64, 8, 128, 256, 132)
+    raster, group, fp = tiles.choose_raster(64, 8, 128, 256, 132)
     for r in "mn":
         for g in (8, 16):
-            assert fp <= common.raster_footprint(64, 8, 128, 256, 132, r, g)
+            assert fp <= tiles.raster_footprint(64, 8, 128, 256, 132, r, g)
     # Selected configs carry the raster choose_raster picks.
     p = Problem(8192, 8192, 8192)
     cfg = select(p, H200)
     b_box = -(-cfg.block_n // 64) * 64
-    r, g, _ = common.choose_raster(-(-p.m // cfg.block_m), -(-p.n // cfg.block_n), cfg.block_m, b_box,
-                                   H200.num_sms // cfg.cluster_size, cfg.multicast)
+    r, g, _ = tiles.choose_raster(-(-p.m // cfg.block_m), -(-p.n // cfg.block_n), cfg.block_m, b_box,
+                                  H200.num_sms // cfg.cluster_size, cfg.multicast)
     assert (cfg.raster, cfg.group_size) == (r, g)
 
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from jitgemm import api, cli, tuned, tuning
 from jitgemm.arrays import numpy_dtype
 from jitgemm.cache import KernelCache
-from jitgemm.heuristics import DeviceSpec, check_config, common, select
+from jitgemm.heuristics import DeviceSpec, check_config, rules, select
 from jitgemm.problem import Problem
 
 H200 = DeviceSpec("sm_90a", 132)
@@ -21,7 +21,7 @@ P = Problem(128, 576, 7168)
 def _other_config(problem):
     """A valid config for `problem` that the heuristics do not choose."""
     chosen = select(problem, H200)
-    cfg = common.with_fields(chosen, split_k=1 if chosen.split_k > 1 else 2)
+    cfg = rules.with_fields(chosen, split_k=1 if chosen.split_k > 1 else 2)
     assert not check_config(cfg, problem, H200) and cfg != chosen
     return cfg
 
@@ -89,7 +89,7 @@ def test_a_record_with_a_rows_short_of_m_is_ignored(tmp_cache, monkeypatch):
     monkeypatch.setattr(api.runtime, "device_info", lambda dev: types.SimpleNamespace(name=GPU))
     monkeypatch.delenv("JITGEMM_CONFIG", raising=False)
     big = Problem(4096, 4096, 4096)
-    short = common.with_fields(select(big, H200), a_rows=8)
+    short = rules.with_fields(select(big, H200), a_rows=8)
     tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(big), _record(short))
     assert tuned.tuned_config(big, H200, GPU) is None
     assert api.config_for(big) == select(big, H200)
@@ -106,7 +106,7 @@ def test_gemm_follows_config_then_env_then_tuning_then_heuristics(tmp_cache, mon
     monkeypatch.setenv(tuned.ENV_TUNED, "0")
     assert api.config_for(P) == select(P, H200)
     monkeypatch.delenv(tuned.ENV_TUNED)
-    explicit = common.with_fields(from_file, num_stages=from_file.num_stages - 1)
+    explicit = rules.with_fields(from_file, num_stages=from_file.num_stages - 1)
     assert api._config_for(P, 0, explicit) == explicit
     monkeypatch.setenv("JITGEMM_CONFIG", json.dumps(explicit.to_dict()))
     assert api.config_for(P) == explicit
@@ -121,7 +121,7 @@ def test_candidates_start_with_the_heuristics_choice_and_are_all_valid(shape):
     assert all(not check_config(c, p, H200) for c in found)
     for c in found:      # every split-K candidate comes with its unsplit variant
         if c.split_k > 1:
-            assert common.with_fields(c, split_k=1) in found
+            assert rules.with_fields(c, split_k=1) in found
 
 
 def _invoke(*args):

@@ -22,7 +22,8 @@ class Arch(Protocol):
     default_num_sms: int               # what the CLI plans for without a GPU
     verified_on_hardware: bool         # False: compiled and SASS-checked only
     waits_for_previous_grid: bool      # kernels call griddepcontrol.wait (programmatic dependent launch)
-    rules: ModuleType                  # heuristics: select, explain, check_config, env_overrides
+    rules: ModuleType                  # heuristics: select, explain, check_config, config_with_fields
+    smem_capacity: int                 # dynamic shared memory one CTA may opt into (bytes)
 
     def layout_of(self, cfg: KernelConfig):
         """The config's layout (raises ValueError when it cannot be laid out)."""
@@ -32,6 +33,9 @@ class Arch(Protocol):
 
     def render(self, cfg: KernelConfig) -> str:
         """The kernel's CUDA source."""
+
+    def cluster_tiles(self, cfg: KernelConfig, m: int, n: int) -> int:
+        """Work items of one K split: tiles, or the pairs a 2-CTA cluster runs."""
 
     def grid_size(self, cfg: KernelConfig, problem: Problem, num_sms: int) -> int:
         """CTAs of the persistent grid."""

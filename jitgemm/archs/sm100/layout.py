@@ -149,8 +149,6 @@ class KernelLayout:
 def structural_problems(cfg: KernelConfig) -> list[str]:
     """Reasons `cfg` cannot be an sm_100a kernel (empty when it can)."""
     out = []
-    if cfg.arch != "sm_100a":
-        out.append(f"arch must be 'sm_100a' for this layout, got {cfg.arch!r}")
     if cfg.block_m != UMMA_M * cfg.num_consumers:
         out.append(f"block_m must be 128 per MMA consumer ({UMMA_M * cfg.num_consumers} for "
                    f"{cfg.num_consumers}), got {cfg.block_m}")

@@ -1,0 +1,79 @@
+"""The package's structure (issue 17): no module-level import cycles, arch names told apart only
+by the registry, and a package list in pyproject that ships every module."""
+import ast
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = {"jitgemm": ROOT / "jitgemm", "jitgemm.heuristics": ROOT / "heuristics"}
+
+
+def _modules() -> dict:
+    """Dotted module name -> (path, is a package __init__) for every module of the package."""
+    found = {}
+    for package, folder in SOURCES.items():
+        for path in folder.rglob("*.py"):
+            parts = [package] + list(path.relative_to(folder).with_suffix("").parts)
+            is_init = parts[-1] == "__init__"
+            found[".".join(parts[:-1] if is_init else parts)] = (path, is_init)
+    return found
+
+
+def _module_level_imports(name: str, path: Path, is_init: bool, known: dict) -> set:
+    """Modules `name` imports when it is imported (TYPE_CHECKING blocks and functions left out).
+    `from package import module` counts the module; a package's __init__ is always imported
+    before its modules, so edges to parent packages are not cycles of their own."""
+    package = name if is_init else name.rsplit(".", 1)[0]
+    deps = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                deps.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+        elif isinstance(node, ast.Import):
+            deps.update(alias.name for alias in node.names)
+    return {d for d in deps if d in known and d != name and not name.startswith(d + ".")}
+
+
+def test_no_module_level_import_cycles():
+    known = _modules()
+    graph = {name: _module_level_imports(name, path, is_init, known) for name, (path, is_init) in known.items()}
+    state: dict = {}
+
+    def visit(node, trail):
+        state[node] = "open"
+        for dep in sorted(graph[node]):
+            assert state.get(dep) != "open", "import cycle: " + " -> ".join(trail + [node, dep])
+            if dep not in state:
+                visit(dep, trail + [node])
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+
+
+def test_arch_names_are_compared_only_by_the_registry():
+    def is_arch_name(node):
+        return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("sm_")
+
+    offenders = []
+    for name, (path, _) in _modules().items():
+        if name == "jitgemm.registry":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(is_arch_name(n) for n in [node.left, *node.comparators]):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, offenders
+
+
+def test_pyproject_ships_every_package():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = {name for name, (_, is_init) in _modules().items() if is_init}
+    assert packages <= set(config["packages"]), packages - set(config["packages"])
+    templates = ROOT / "templates"
+    shipped = {p for pattern in config["package-data"]["jitgemm.templates"] for p in templates.glob(pattern)}
+    assert {p for p in templates.rglob("*") if p.suffix in (".j2", ".cuh")} == shipped
