@@ -10,6 +10,7 @@ tests. A key is a sha256 over the rendered source, the compile options, the arch
 version, so equal keys mean byte-identical kernels (record and check with the same NVRTC). The
 checkout is what runs (python -P, cwd = the repository root).
 """
+
 import itertools
 import json
 import subprocess
@@ -25,9 +26,13 @@ CLI = "import sys; from jitgemm.cli import main; sys.exit(main())"
 
 
 def _precompile(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, "-c", CLI, "precompile", *args, "--dry-run", "--json"], cwd=ROOT,
-                         capture_output=True, text=True, env={"PATH": "", "JITGEMM_CACHE_DIR": tempfile.gettempdir()
-                                                             + "/jitgemm-gate-empty-cache"})
+    out = subprocess.run(
+        [sys.executable, "-c", CLI, "precompile", *args, "--dry-run", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PATH": "", "JITGEMM_CACHE_DIR": tempfile.gettempdir() + "/jitgemm-gate-empty-cache"},
+    )
     if out.returncode:
         raise SystemExit(f"precompile {' '.join(args)} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout)
@@ -36,9 +41,26 @@ def _precompile(args: list[str]) -> dict:
 def _problem_runs() -> list[tuple[str, list[str]]]:
     runs = []
     for arch, dtype, out, layout, c in itertools.product(ARCHS, DTYPES, ("same", "fp32"), LAYOUTS, (False, True)):
-        args = ["--m", MS, "--n", NS, "--k", KS, "--arch", arch, "--num-sms", "132" if arch == "sm_90a" else "148",
-                "--dtype", dtype, "--layout", layout] + (["--out-dtype", "fp32"] if out == "fp32" else []) + \
-            (["--with-c"] if c else [])
+        args = (
+            [
+                "--m",
+                MS,
+                "--n",
+                NS,
+                "--k",
+                KS,
+                "--arch",
+                arch,
+                "--num-sms",
+                "132" if arch == "sm_90a" else "148",
+                "--dtype",
+                dtype,
+                "--layout",
+                layout,
+            ]
+            + (["--out-dtype", "fp32"] if out == "fp32" else [])
+            + (["--with-c"] if c else [])
+        )
         runs.append((f"{arch}/{dtype}/{out}/{layout}/{'c' if c else 'no_c'}", args))
     return runs
 
@@ -47,10 +69,12 @@ def _forced_configs() -> list[str]:
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from test_gpu_configs import CASES, SWAP_CASES, forced_config
     from test_gpu_splitk import SPLIT_CONFIGS
+
     layouts = [("row", "row"), ("col", "col"), ("row", "col"), ("col", "row")]
     configs = {cfg.to_json() for cfg in SPLIT_CONFIGS}
     for (_, knobs, _), lay, (dt, odt), c in itertools.product(
-            CASES, layouts, (("bf16", "bf16"), ("fp16", "fp32"), ("bf16", "fp32")), (False, True)):
+        CASES, layouts, (("bf16", "bf16"), ("fp16", "fp32"), ("bf16", "fp32")), (False, True)
+    ):
         if knobs.get("block_n", 0) <= 256 or lay[1] == "row":
             configs.add(forced_config(knobs, dt, odt, *lay, has_c=c).to_json())
     for (_, knobs, _), lay, dt in itertools.product(SWAP_CASES, layouts, DTYPES):

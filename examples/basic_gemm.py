@@ -1,7 +1,8 @@
 """The main job on a GPU machine: one GEMM through jitgemm, checked against a reference.
 
-    python examples/basic_gemm.py [M N K]
+python examples/basic_gemm.py [M N K]
 """
+
 import sys
 
 import cupy as cp

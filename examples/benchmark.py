@@ -15,6 +15,7 @@ does) and the tuning file then picks jitgemm's configs; without it, configs come
 tuning file when it has the shape (`JITGEMM_TUNED=0` ignores it), else from the heuristics.
 The table marks tuned configs.
 """
+
 import argparse
 import datetime
 import json
@@ -31,7 +32,7 @@ import jitgemm
 from jitgemm import api, heuristics, runtime, tuned, tuning
 from jitgemm.problem import Problem
 
-L2_DEFEAT_BYTES = 512 << 20     # rotate through at least this many bytes of inputs
+L2_DEFEAT_BYTES = 512 << 20  # rotate through at least this many bytes of inputs
 CALLS_PER_GRAPH = 20
 ROUNDS = 15
 
@@ -48,8 +49,16 @@ def read_shapes(path):
 def gpu_state():
     fields = "name,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu"
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+        out = (
+            subprocess.run(
+                ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
         return dict(zip(fields.split(","), (v.strip() for v in out.split(","))))
     except (OSError, IndexError, subprocess.SubprocessError):
         return {"name": torch.cuda.get_device_name()}
@@ -60,7 +69,7 @@ def graph_of(fn, copies):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for i in range(3):                      # warm-up: loads kernels, picks cuBLAS algos
+        for i in range(3):  # warm-up: loads kernels, picks cuBLAS algos
             fn(*copies[i % len(copies)])
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
@@ -76,7 +85,7 @@ def time_graph(graph):
     graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) * 1e3 / CALLS_PER_GRAPH   # microseconds per call
+    return start.elapsed_time(end) * 1e3 / CALLS_PER_GRAPH  # microseconds per call
 
 
 def copy_bandwidth():
@@ -93,7 +102,7 @@ def copy_bandwidth():
         e.record()
         e.synchronize()
         times.append(s.elapsed_time(e) * 1e-3)
-    return 2 * n / statistics.median(times)      # bytes read + written per second
+    return 2 * n / statistics.median(times)  # bytes read + written per second
 
 
 def bench_shape(m, n, k, dtype, check):
@@ -104,9 +113,8 @@ def bench_shape(m, n, k, dtype, check):
     for _ in range(copies_n):
         a = torch.randn(m, k, device="cuda", dtype=torch.float32).to(tdt)
         b = torch.randn(k, n, device="cuda", dtype=torch.float32).to(tdt)
-        copies.append((a, b, torch.empty(m, n, device="cuda", dtype=tdt),
-                       torch.empty(m, n, device="cuda", dtype=tdt)))
-    if check:   # the chosen kernel is right on these inputs before it is timed
+        copies.append((a, b, torch.empty(m, n, device="cuda", dtype=tdt), torch.empty(m, n, device="cuda", dtype=tdt)))
+    if check:  # the chosen kernel is right on these inputs before it is timed
         a, b, out, _ = copies[0]
         out.fill_(float("nan"))
         jitgemm.gemm(a, b, out=out)
@@ -118,20 +126,27 @@ def bench_shape(m, n, k, dtype, check):
     g_jit = graph_of(lambda a, b, o, _: jitgemm.gemm(a, b, out=o), copies)
     g_ref = graph_of(lambda a, b, _, o: torch.matmul(a, b, out=o), copies)
     t_jit, t_ref = [], []
-    for _ in range(ROUNDS):                       # interleaved: one round of each, alternately
+    for _ in range(ROUNDS):  # interleaved: one round of each, alternately
         t_jit.append(time_graph(g_jit))
         t_ref.append(time_graph(g_ref))
     us_jit, us_ref = statistics.median(t_jit), statistics.median(t_ref)
     problem = Problem(m, n, k, dtype, dtype, "K", "N")
     cfg = api.config_for(problem)
     return {
-        "m": m, "n": n, "k": k, "dtype": dtype,
-        "jitgemm_us": us_jit, "cublas_us": us_ref,
-        "jitgemm_tflops": 2 * m * n * k / us_jit * 1e-6, "cublas_tflops": 2 * m * n * k / us_ref * 1e-6,
-        "jitgemm_gbps": per_set / us_jit * 1e-3, "cublas_gbps": per_set / us_ref * 1e-3,
-        "ratio": us_ref / us_jit, "config": cfg.name,
+        "m": m,
+        "n": n,
+        "k": k,
+        "dtype": dtype,
+        "jitgemm_us": us_jit,
+        "cublas_us": us_ref,
+        "jitgemm_tflops": 2 * m * n * k / us_jit * 1e-6,
+        "cublas_tflops": 2 * m * n * k / us_ref * 1e-6,
+        "jitgemm_gbps": per_set / us_jit * 1e-3,
+        "cublas_gbps": per_set / us_ref * 1e-3,
+        "ratio": us_ref / us_jit,
+        "config": cfg.name,
         "tuned": cfg != heuristics.select(problem, api.device_spec(0))
-                 and cfg == tuned.tuned_config(problem, api.device_spec(0), runtime.device_info(0).name),
+        and cfg == tuned.tuned_config(problem, api.device_spec(0), runtime.device_info(0).name),
     }
 
 
@@ -142,8 +157,11 @@ def main(argv=None):
     parser.add_argument("--json", help="write all numbers to this file")
     parser.add_argument("--markdown", help="write the table for BENCHMARKS.md to this file")
     parser.add_argument("--check", action="store_true", help="check each shape against a float64 reference first")
-    parser.add_argument("--tune", action="store_true",
-                        help="first run `jitgemm tune` on every shape (the tuning file then picks the configs)")
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="first run `jitgemm tune` on every shape (the tuning file then picks the configs)",
+    )
     args = parser.parse_args(argv)
     shapes = read_shapes(args.shapes)
     torch.manual_seed(0)
@@ -152,8 +170,11 @@ def main(argv=None):
             for m, n, k in shapes:
                 r = tuning.tune(Problem(m, n, k, dtype, dtype, "K", "N"))
                 first = r.chosen_by_heuristics
-                print(f"tuned {dtype} {m}x{n}x{k}: {r.best.name} {r.times_us[r.best.name]:.2f} us, the heuristics' "
-                      f"{first} {r.times_us[first]:.2f} us", flush=True)
+                print(
+                    f"tuned {dtype} {m}x{n}x{k}: {r.best.name} {r.times_us[r.best.name]:.2f} us, the heuristics' "
+                    f"{first} {r.times_us[first]:.2f} us",
+                    flush=True,
+                )
     before = gpu_state()
     copy_bps = copy_bandwidth()
     rows = []
@@ -162,20 +183,29 @@ def main(argv=None):
             row = bench_shape(m, n, k, dtype, args.check)
             row["copy_fraction"] = row["jitgemm_gbps"] * 1e9 / copy_bps
             rows.append(row)
-            print(f"{dtype} {m:>5} {n:>6} {k:>6}  jit {row['jitgemm_us']:9.1f} us {row['jitgemm_tflops']:6.1f} TF/s"
-                  f"  cublas {row['cublas_us']:9.1f} us {row['cublas_tflops']:6.1f} TF/s  ratio {row['ratio']:.3f}"
-                  f"  {row['jitgemm_gbps']:6.0f} GB/s ({row['copy_fraction']:.0%} of copy)  {row['config']}",
-                  flush=True)
+            print(
+                f"{dtype} {m:>5} {n:>6} {k:>6}  jit {row['jitgemm_us']:9.1f} us {row['jitgemm_tflops']:6.1f} TF/s"
+                f"  cublas {row['cublas_us']:9.1f} us {row['cublas_tflops']:6.1f} TF/s  ratio {row['ratio']:.3f}"
+                f"  {row['jitgemm_gbps']:6.0f} GB/s ({row['copy_fraction']:.0%} of copy)  {row['config']}",
+                flush=True,
+            )
     after = gpu_state()
-    summary = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "gpu_before": before, "gpu_after": after, "copy_bandwidth_GBps": copy_bps * 1e-9,
-               "jitgemm_version": jitgemm.__version__, "rows": rows, "geomean": {},
-               "programmatic_launch": os.environ.get(runtime.ENV_PDL, "1") != "0",
-               "tuning": {"enabled": tuned.enabled(), "tuned_now": args.tune,
-                          "rows_tuned": sum(r["tuned"] for r in rows)}}
-    print(f"\n{before.get('name')}  SM clock before {before.get('clocks.sm')} after {after.get('clocks.sm')}"
-          f"  power before {before.get('power.draw')} after {after.get('power.draw')}"
-          f"  copy bandwidth {copy_bps * 1e-9:.0f} GB/s  {summary['date']}")
+    summary = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu_before": before,
+        "gpu_after": after,
+        "copy_bandwidth_GBps": copy_bps * 1e-9,
+        "jitgemm_version": jitgemm.__version__,
+        "rows": rows,
+        "geomean": {},
+        "programmatic_launch": os.environ.get(runtime.ENV_PDL, "1") != "0",
+        "tuning": {"enabled": tuned.enabled(), "tuned_now": args.tune, "rows_tuned": sum(r["tuned"] for r in rows)},
+    }
+    print(
+        f"\n{before.get('name')}  SM clock before {before.get('clocks.sm')} after {after.get('clocks.sm')}"
+        f"  power before {before.get('power.draw')} after {after.get('power.draw')}"
+        f"  copy bandwidth {copy_bps * 1e-9:.0f} GB/s  {summary['date']}"
+    )
     print(f"{'dtype':5} {'geomean jit/cuBLAS':>20} {'slowest shape':>30}")
     for dtype in args.dtypes.split(","):
         sel = [r for r in rows if r["dtype"] == dtype]
@@ -201,22 +231,30 @@ def tuned_note(summary):
 def markdown(summary):
     """The run as Markdown: conditions, then one table per dtype with the geometric mean."""
     b, a = summary["gpu_before"], summary["gpu_after"]
-    lines = [f"{b.get('name')}, {summary['date']}, jitgemm {summary['jitgemm_version']}; SM clock "
-             f"{b.get('clocks.sm')} before / {a.get('clocks.sm')} after, power {b.get('power.draw')} before / "
-             f"{a.get('power.draw')} after (limit {b.get('power.limit')}); device-to-device copy "
-             f"{summary['copy_bandwidth_GBps']:.0f} GB/s (read + write); jitgemm programmatic dependent launch "
-             f"{'on' if summary['programmatic_launch'] else 'off (JITGEMM_PDL=0)'}; "
-             f"{tuned_note(summary)}.", ""]
+    lines = [
+        f"{b.get('name')}, {summary['date']}, jitgemm {summary['jitgemm_version']}; SM clock "
+        f"{b.get('clocks.sm')} before / {a.get('clocks.sm')} after, power {b.get('power.draw')} before / "
+        f"{a.get('power.draw')} after (limit {b.get('power.limit')}); device-to-device copy "
+        f"{summary['copy_bandwidth_GBps']:.0f} GB/s (read + write); jitgemm programmatic dependent launch "
+        f"{'on' if summary['programmatic_launch'] else 'off (JITGEMM_PDL=0)'}; "
+        f"{tuned_note(summary)}.",
+        "",
+    ]
     for dtype, gm in summary["geomean"].items():
-        lines += [f"**{dtype}**: geometric mean of cuBLAS time / jitgemm time = **{gm:.3f}**", "",
-                  "| M | N | K | jitgemm µs | cuBLAS µs | ratio | jitgemm TFLOP/s | GB/s (% of copy) | config |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        lines += [
+            f"**{dtype}**: geometric mean of cuBLAS time / jitgemm time = **{gm:.3f}**",
+            "",
+            "| M | N | K | jitgemm µs | cuBLAS µs | ratio | jitgemm TFLOP/s | GB/s (% of copy) | config |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
         for r in summary["rows"]:
             if r["dtype"] == dtype:
-                lines.append(f"| {r['m']} | {r['n']} | {r['k']} | {r['jitgemm_us']:.1f} | {r['cublas_us']:.1f} | "
-                             f"{r['ratio']:.3f} | {r['jitgemm_tflops']:.0f} | {r['jitgemm_gbps']:.0f} "
-                             f"({r['copy_fraction']:.0%}) | `{r['config'].removeprefix('sm_90a_')}`"
-                             f"{' (tuned)' if r.get('tuned') else ''} |")
+                lines.append(
+                    f"| {r['m']} | {r['n']} | {r['k']} | {r['jitgemm_us']:.1f} | {r['cublas_us']:.1f} | "
+                    f"{r['ratio']:.3f} | {r['jitgemm_tflops']:.0f} | {r['jitgemm_gbps']:.0f} "
+                    f"({r['copy_fraction']:.0%}) | `{r['config'].removeprefix('sm_90a_')}`"
+                    f"{' (tuned)' if r.get('tuned') else ''} |"
+                )
         lines.append("")
     return "\n".join(lines)
 

@@ -14,6 +14,7 @@
 Other processes compete for the CPUs on a shared machine: the load average is printed with the
 results, and the CPU time of the cold compiles is shown next to their wall time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,7 +54,7 @@ print(json.dumps({"import_s": t1 - t0, "to_cubin_s": t2 - t1, "total_s": t2 - t0
 
 
 def cold(repeats: int) -> list[dict]:
-    compiler.nvrtc_version()          # loads NVRTC once, outside the timings
+    compiler.nvrtc_version()  # loads NVRTC once, outside the timings
     rows = []
     for m, n, k in COLD_SHAPES:
         src = kernels.prepare(select(Problem(m, n, k), DEVICE))
@@ -62,8 +63,16 @@ def cold(repeats: int) -> list[dict]:
             c0 = time.process_time()
             walls.append(compiler.compile_cubin(src.source, src.config.arch).seconds)
             cpus.append(time.process_time() - c0)
-        rows.append({"shape": f"{m}x{n}x{k}", "kernel": src.name, "median_s": statistics.median(walls),
-                     "min_s": min(walls), "max_s": max(walls), "median_cpu_s": statistics.median(cpus)})
+        rows.append(
+            {
+                "shape": f"{m}x{n}x{k}",
+                "kernel": src.name,
+                "median_s": statistics.median(walls),
+                "min_s": min(walls),
+                "max_s": max(walls),
+                "median_cpu_s": statistics.median(cpus),
+            }
+        )
     return rows
 
 
@@ -76,7 +85,7 @@ def warm(runs: int) -> dict:
         env.update(JITGEMM_CACHE_DIR=str(root), JITGEMM_OFFLINE="1", PYTHONPYCACHEPREFIX=str(Path(tmp) / "pyc"))
         args = [sys.executable, "-c", WARM_CHILD, *map(str, WARM_SHAPE)]
         samples = []
-        for i in range(runs + 1):           # the first run fills the bytecode cache
+        for i in range(runs + 1):  # the first run fills the bytecode cache
             out = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
             if i:
                 samples.append(json.loads(out.stdout))
@@ -87,16 +96,29 @@ def precompile(jobs: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, JITGEMM_CACHE_DIR=str(Path(tmp) / "cache"))
         env.pop("JITGEMM_OFFLINE", None)
-        args = [sys.executable, str(HERE / "precompile_llm_shapes.py"), "--jobs", str(jobs),
-                "--arch", DEVICE.arch, "--num-sms", str(DEVICE.num_sms), "--json"]
+        args = [
+            sys.executable,
+            str(HERE / "precompile_llm_shapes.py"),
+            "--jobs",
+            str(jobs),
+            "--arch",
+            DEVICE.arch,
+            "--num-sms",
+            str(DEVICE.num_sms),
+            "--json",
+        ]
         result = {"jobs": jobs}
         for phase in ("cold", "cached"):
             start = time.perf_counter()
             out = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
             summary = json.loads(out.stdout)
-            result[phase] = {"wall_s": time.perf_counter() - start, "shapes": summary["shapes"],
-                             "kernels": len(summary["kernels"]), "compiled": summary["compiled"],
-                             "hits": summary["hits"]}
+            result[phase] = {
+                "wall_s": time.perf_counter() - start,
+                "shapes": summary["shapes"],
+                "kernels": len(summary["kernels"]),
+                "compiled": summary["compiled"],
+                "hits": summary["hits"],
+            }
     return result
 
 
@@ -107,20 +129,29 @@ def main():
     parser.add_argument("--jobs", default="1,2", help="comma-separated --jobs values for the precompile runs")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
-    results = {"cpus": os.cpu_count(), "loadavg_before": os.getloadavg()[0],
-               "nvrtc": compiler.nvrtc_version(), "cold": cold(args.repeats), "warm": warm(args.warm_runs),
-               "precompile": [precompile(int(j)) for j in args.jobs.split(",")],
-               "loadavg_after": os.getloadavg()[0]}
+    results = {
+        "cpus": os.cpu_count(),
+        "loadavg_before": os.getloadavg()[0],
+        "nvrtc": compiler.nvrtc_version(),
+        "cold": cold(args.repeats),
+        "warm": warm(args.warm_runs),
+        "precompile": [precompile(int(j)) for j in args.jobs.split(",")],
+        "loadavg_after": os.getloadavg()[0],
+    }
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"NVRTC {results['nvrtc']}, {results['cpus']} CPUs, load average "
-          f"{results['loadavg_before']:.2f} before / {results['loadavg_after']:.2f} after")
+    print(
+        f"NVRTC {results['nvrtc']}, {results['cpus']} CPUs, load average "
+        f"{results['loadavg_before']:.2f} before / {results['loadavg_after']:.2f} after"
+    )
     print(f"\nCold NVRTC compile ({args.repeats} runs each)\n")
     print("| shape | kernel | median | min | max | median CPU |\n|---|---|---|---|---|---|")
     for r in results["cold"]:
-        print(f"| {r['shape']} | `{r['kernel']}` | {r['median_s']:.3f} s | {r['min_s']:.3f} s | "
-              f"{r['max_s']:.3f} s | {r['median_cpu_s']:.3f} s |")
+        print(
+            f"| {r['shape']} | `{r['kernel']}` | {r['median_s']:.3f} s | {r['min_s']:.3f} s | "
+            f"{r['max_s']:.3f} s | {r['median_cpu_s']:.3f} s |"
+        )
     w = results["warm"]
     print(f"\nWarm start from the disk cache (median of {w['runs']} fresh processes)\n")
     print(f"- `import jitgemm`: {1e3 * w['import_s']:.1f} ms")
@@ -129,9 +160,11 @@ def main():
     print("\nPrecompile examples/llm_shapes.txt (process start included)\n")
     print("| --jobs | shapes | kernels | cold | cached (second run) |\n|---|---|---|---|---|")
     for p in results["precompile"]:
-        print(f"| {p['jobs']} | {p['cold']['shapes']} | {p['cold']['kernels']} | {p['cold']['wall_s']:.1f} s "
-              f"({p['cold']['compiled']} compiled) | {p['cached']['wall_s']:.1f} s "
-              f"({p['cached']['hits']} hits, {p['cached']['compiled']} compiled) |")
+        print(
+            f"| {p['jobs']} | {p['cold']['shapes']} | {p['cold']['kernels']} | {p['cold']['wall_s']:.1f} s "
+            f"({p['cold']['compiled']} compiled) | {p['cached']['wall_s']:.1f} s "
+            f"({p['cached']['hits']} hits, {p['cached']['compiled']} compiled) |"
+        )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ that clocks, caches and GPU queue depth affect both alike; the GPU is drained ou
 region every few calls so that a full launch queue never blocks a launch. Prints the median
 host time of each (result allocated by the call, and written into a given `out`) and the ratio.
 """
+
 import argparse
 import statistics
 import time
@@ -44,7 +45,7 @@ def main():
     out_j = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
     out_t = torch.empty_like(out_j)
     ref = a.double() @ b.double()
-    for _ in range(20):                      # compile, load, build the call plans; warm cuBLAS
+    for _ in range(20):  # compile, load, build the call plans; warm cuBLAS
         jitgemm.gemm(a, b)
         jitgemm.gemm(a, b, out_j)
         torch.matmul(a, b)

@@ -6,6 +6,7 @@ e.g. `--jobs 2`, `--dtype fp16`, `--arch sm_90a --num-sms 132` (to build on a ma
 the target GPU), `--dry-run` or `--json`. The same as `jitgemm precompile examples/llm_shapes.txt`.
 Run it once at deployment; later processes (even with JITGEMM_OFFLINE=1) load from the cache.
 """
+
 import sys
 from pathlib import Path
 

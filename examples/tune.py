@@ -7,6 +7,7 @@ split-K, on the same rotating inputs with CUDA-graph replays (as examples/benchm
 and prints the modelled and measured microseconds side by side, fastest first. Use it to see
 where the cost model ranks wrongly, or to pick a config for JITGEMM_CONFIG.
 """
+
 import argparse
 import dataclasses
 import json
@@ -18,14 +19,22 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import jitgemm                                                     # noqa: E402
 from benchmark import CALLS_PER_GRAPH, L2_DEFEAT_BYTES, graph_of, time_graph  # noqa: E402
-from jitgemm import api, heuristics                                # noqa: E402
-from jitgemm.config import KernelConfig                            # noqa: E402
-from jitgemm.problem import Problem                                # noqa: E402
 
-DEFAULT_SHAPES = ["1,4096,7168", "1,7168,2048", "64,4096,7168", "128,2112,7168", "128,4096,7168",
-                  "128,576,7168", "4096,576,7168"]
+import jitgemm  # noqa: E402
+from jitgemm import api, heuristics  # noqa: E402
+from jitgemm.config import KernelConfig  # noqa: E402
+from jitgemm.problem import Problem  # noqa: E402
+
+DEFAULT_SHAPES = [
+    "1,4096,7168",
+    "1,7168,2048",
+    "64,4096,7168",
+    "128,2112,7168",
+    "128,4096,7168",
+    "128,576,7168",
+    "4096,576,7168",
+]
 
 
 def candidates(problem, spec, top):
@@ -42,8 +51,14 @@ def candidates(problem, spec, top):
 def measure(m, n, k, dtype, cfg):
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     copies_n = max(2, min(64, math.ceil(L2_DEFEAT_BYTES / ((m * k + k * n + m * n) * 2))))
-    copies = [(torch.randn(m, k, device="cuda").to(tdt), torch.randn(k, n, device="cuda").to(tdt),
-               torch.empty(m, n, device="cuda", dtype=tdt)) for _ in range(copies_n)]
+    copies = [
+        (
+            torch.randn(m, k, device="cuda").to(tdt),
+            torch.randn(k, n, device="cuda").to(tdt),
+            torch.empty(m, n, device="cuda", dtype=tdt),
+        )
+        for _ in range(copies_n)
+    ]
     a, b, out = copies[0]
     jitgemm.gemm(a, b, out=out, config=cfg)
     ref = a.double() @ b.double()
@@ -68,8 +83,16 @@ def main(argv=None):
         rows = []
         for name, (cfg, model_us) in found.items():
             us, err = measure(m, n, k, args.dtype, cfg)
-            rows.append({"shape": [m, n, k], "config": name, "model_us": model_us, "measured_us": us,
-                         "rel_error": err, "chosen": cfg.to_dict() == chosen})
+            rows.append(
+                {
+                    "shape": [m, n, k],
+                    "config": name,
+                    "model_us": model_us,
+                    "measured_us": us,
+                    "rel_error": err,
+                    "chosen": cfg.to_dict() == chosen,
+                }
+            )
         rows.sort(key=lambda r: r["measured_us"])
         print(f"\n{m}x{n}x{k} {args.dtype}  ({CALLS_PER_GRAPH} calls per graph, median of 15)")
         for r in rows:

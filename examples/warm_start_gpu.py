@@ -7,6 +7,7 @@ Each child times itself from its first line (interpreter start excluded): `impor
 creating the CUDA context (reported, not counted), and select + cache read + cuModuleLoadData
 (`kernels.get`). Prints the medians.
 """
+
 import argparse
 import json
 import os
@@ -37,16 +38,24 @@ def main():
     parser.add_argument("shape", nargs="*", type=int, default=[4096, 4096, 4096])
     args = parser.parse_args()
     shape = [str(x) for x in args.shape]
-    with tempfile.TemporaryDirectory() as cwd:    # away from a checkout that would shadow jitgemm
+    with tempfile.TemporaryDirectory() as cwd:  # away from a checkout that would shadow jitgemm
         subprocess.run([sys.executable, "-c", CHILD, *shape], check=True, cwd=cwd, capture_output=True)
         env = dict(os.environ, JITGEMM_OFFLINE="1")
-        runs = [json.loads(subprocess.run([sys.executable, "-c", CHILD, *shape], check=True, cwd=cwd, env=env,
-                                          capture_output=True, text=True).stdout) for _ in range(args.runs)]
+        runs = [
+            json.loads(
+                subprocess.run(
+                    [sys.executable, "-c", CHILD, *shape], check=True, cwd=cwd, env=env, capture_output=True, text=True
+                ).stdout
+            )
+            for _ in range(args.runs)
+        ]
     med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-    print(f"warm start {'x'.join(shape)}, median of {args.runs} fresh processes: import jitgemm "
-          f"{med['import_ms']:.1f} ms, CUDA context {med['context_ms']:.1f} ms (not counted), "
-          f"select + cache + module load {med['get_ms']:.1f} ms; total without the context "
-          f"{med['import_ms'] + med['get_ms']:.1f} ms")
+    print(
+        f"warm start {'x'.join(shape)}, median of {args.runs} fresh processes: import jitgemm "
+        f"{med['import_ms']:.1f} ms, CUDA context {med['context_ms']:.1f} ms (not counted), "
+        f"select + cache + module load {med['get_ms']:.1f} ms; total without the context "
+        f"{med['import_ms'] + med['get_ms']:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

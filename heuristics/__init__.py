@@ -13,6 +13,7 @@ shared pieces in `device` (DeviceSpec, the per-arch rates; their calibration in 
 scheduler's tile walk and raster), `cost` (the pieces of the cost models) and `search`
 (screening, ranking, explain's reports).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,16 @@ from jitgemm.problem import Problem
 from .device import DeviceSpec
 from .rules import field_mismatches
 
-__all__ = ["DeviceSpec", "select", "explain", "check_config", "config_from_env", "require_valid",
-           "ENV_VAR", "SUPPORTED_ARCHS"]
+__all__ = [
+    "DeviceSpec",
+    "select",
+    "explain",
+    "check_config",
+    "config_from_env",
+    "require_valid",
+    "ENV_VAR",
+    "SUPPORTED_ARCHS",
+]
 
 ENV_VAR = "JITGEMM_CONFIG"
 SUPPORTED_ARCHS = registry.ARCH_NAMES
@@ -59,7 +68,7 @@ def check_config(config: KernelConfig, problem: Problem, device: DeviceSpec) -> 
         # The arch rules of the config would not apply to this device at all.
         return field_mismatches(config, problem, device)
     checker = getattr(_arch_module(device.arch), "check_config", None)
-    if checker is None:           # an arch module without its own checks: the common ones
+    if checker is None:  # an arch module without its own checks: the common ones
         return field_mismatches(config, problem, device)
     return checker(config, problem, device)
 
@@ -69,8 +78,10 @@ def require_valid(config: KernelConfig, problem: Problem, device: DeviceSpec, so
     reasons = check_config(config, problem, device)
     if reasons:
         name = config.name if isinstance(config, KernelConfig) else repr(config)
-        raise ValueError(f"{source}: {name} cannot run {problem.describe()} on {device.arch} "
-                         f"({device.num_sms} SMs): " + "; ".join(reasons))
+        raise ValueError(
+            f"{source}: {name} cannot run {problem.describe()} on {device.arch} "
+            f"({device.num_sms} SMs): " + "; ".join(reasons)
+        )
     return config
 
 
@@ -122,6 +133,8 @@ def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> Kerne
         raise ValueError(f"{ENV_VAR}={text!r}: {exc}") from None
     reasons = check_config(cfg, problem, device)
     if reasons:
-        raise ValueError(f"{ENV_VAR}={text!r} gives {cfg.name}, which cannot run {problem.describe()} "
-                         f"on {device.arch} ({device.num_sms} SMs): " + "; ".join(reasons))
+        raise ValueError(
+            f"{ENV_VAR}={text!r} gives {cfg.name}, which cannot run {problem.describe()} "
+            f"on {device.arch} ({device.num_sms} SMs): " + "; ".join(reasons)
+        )
     return cfg

@@ -9,16 +9,17 @@ from (each arch's `cost_of` combines them with its own terms):
 - per-k-block and per-wave times: `kblock_terms`, `wave_terms`, `slowest` (the bound);
 - per tile and per launch: `epilogue_clk`, `persistent_cost`.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from jitgemm.config import KernelConfig
+from jitgemm.geometry import Waves
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 from .device import ArchRates
-from jitgemm.geometry import Waves
 
 
 def dram_stream_clk(rates: ArchRates, stages: int, bytes_per_stage: float, active: int) -> float:
@@ -52,14 +53,21 @@ def dram_run_efficiency(rates: ArchRates, run_bytes: float) -> float:
 @dataclass(frozen=True)
 class Traffic:
     """Operand traffic of a whole problem for one tiling, in K-slices (x K x elem = bytes)."""
-    cta_tiles: int        # tiles computed, including a pair's recomputed peer past the edge
-    cluster_tiles: int    # work items of the persistent scheduler: tiles, or pairs of tiles
-    l2_reads: int         # rows + columns read out of L2, all CTAs together (a shared operand once per pair)
-    ingress: int          # rows + columns landing in shared memory, all CTAs together
+
+    cta_tiles: int  # tiles computed, including a pair's recomputed peer past the edge
+    cluster_tiles: int  # work items of the persistent scheduler: tiles, or pairs of tiles
+    l2_reads: int  # rows + columns read out of L2, all CTAs together (a shared operand once per pair)
+    ingress: int  # rows + columns landing in shared memory, all CTAs together
 
 
-def kblock_terms(rates: ArchRates, cfg: KernelConfig, tr: Traffic, slice_bytes: int,
-                 smem_clk: float, mma_flops_per_clk: float | None = None) -> tuple[dict, float]:
+def kblock_terms(
+    rates: ArchRates,
+    cfg: KernelConfig,
+    tr: Traffic,
+    slice_bytes: int,
+    smem_clk: float,
+    mma_flops_per_clk: float | None = None,
+) -> tuple[dict, float]:
     """(the per-k-block times of one CTA that do not depend on how many CTAs run, the bytes one
     CTA reads from L2 per k-block). The times, clock cycles: "mma" (tensor core on the tile),
     "smem" (the arch's shared-memory time, `smem_clk`), "l2_ingress" (the bytes landing in the
@@ -68,10 +76,12 @@ def kblock_terms(rates: ArchRates, cfg: KernelConfig, tr: Traffic, slice_bytes: 
     `mma_flops_per_clk`: the tensor-core rate (default the rates', see `mma_rate`)."""
     ingress = tr.ingress * slice_bytes / tr.cta_tiles
     mma = mma_flops_per_clk or rates.mma_flops_per_clk
-    terms = {"mma": 2 * cfg.block_m * cfg.block_n * cfg.block_k / mma,
-             "smem": smem_clk,
-             "l2_ingress": ingress / rates.l2_sm_bytes_per_clk,
-             "latency": rates.load_latency_clk / max(1, cfg.num_stages - 1)}
+    terms = {
+        "mma": 2 * cfg.block_m * cfg.block_n * cfg.block_k / mma,
+        "smem": smem_clk,
+        "l2_ingress": ingress / rates.l2_sm_bytes_per_clk,
+        "latency": rates.load_latency_clk / max(1, cfg.num_stages - 1),
+    }
     return terms, tr.l2_reads * slice_bytes / tr.cta_tiles
 
 
@@ -102,8 +112,9 @@ def slowest(terms: dict) -> str:
     return max(terms, key=lambda k: (terms[k], k))
 
 
-def persistent_cost(w: Waves, cluster: int, wave_time: Callable[[int], tuple[float, str]],
-                    hbm_clk: float, tail_clk: float = 0.0) -> tuple[float, float, str]:
+def persistent_cost(
+    w: Waves, cluster: int, wave_time: Callable[[int], tuple[float, str]], hbm_clk: float, tail_clk: float = 0.0
+) -> tuple[float, float, str]:
     """(cost, SM-side time, bound) of a persistent kernel, clock cycles: every wave of `w` (work
     units of `cluster` CTAs) but the last takes the time of a full one, the last its own
     (`wave_time(active_ctas) -> (clocks, bound)`), then `tail_clk`; never below `hbm_clk`, the

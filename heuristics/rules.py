@@ -9,16 +9,16 @@
 Arch-specific knowledge (the shared-memory formula, the layout, structural rules) comes in as
 parameters from the per-arch modules; kernel coordinates are jitgemm.geometry's.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from jitgemm.config import KernelConfig
-from jitgemm.geometry import kernel_shape
+from jitgemm.geometry import ceil_div, kernel_shape
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 from .device import DeviceSpec
-from jitgemm.geometry import ceil_div
 
 # Fields a config always takes from the problem, never from a tile choice or a forced config.
 PROBLEM_FIELDS = ("dtype", "out_dtype", "a_major", "b_major", "has_c")
@@ -36,9 +36,17 @@ def base_config(problem: Problem, device: DeviceSpec, **tile) -> KernelConfig:
     """The config of `problem` on `device` with the tile fields in `tile` (block_m, block_n,
     num_consumers, cluster_size, multicast, swap_ab...): the device's arch, the problem's
     dtypes, majors and C, block_k = 128 bytes of K, and 2 pipeline stages (see `with_stages`)."""
-    return KernelConfig(arch=device.arch, dtype=problem.dtype, out_dtype=problem.out_dtype,
-                        a_major=problem.a_major, b_major=problem.b_major, has_c=problem.has_c,
-                        block_k=128 // DTYPE_BYTES[problem.dtype], num_stages=2, **tile)
+    return KernelConfig(
+        arch=device.arch,
+        dtype=problem.dtype,
+        out_dtype=problem.out_dtype,
+        a_major=problem.a_major,
+        b_major=problem.b_major,
+        has_c=problem.has_c,
+        block_k=128 // DTYPE_BYTES[problem.dtype],
+        num_stages=2,
+        **tile,
+    )
 
 
 def field_mismatches(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
@@ -53,7 +61,7 @@ def field_mismatches(cfg: KernelConfig, problem: Problem, device: DeviceSpec) ->
     return out
 
 
-INT32_MAX = (1 << 31) - 1      # the templates count work units and tile indices in int
+INT32_MAX = (1 << 31) - 1  # the templates count work units and tile indices in int
 
 
 def shape_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
@@ -65,21 +73,32 @@ def shape_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> l
     out = []
     km, kn = kernel_shape(cfg, problem.m, problem.n)
     if cfg.a_rows and km > cfg.a_rows:
-        out.append(f"a_rows={cfg.a_rows} loads only that many rows of A per tile, but M={km} needs every "
-                   f"row of its tiles (a_rows is for M <= a_rows: one m block)")
+        out.append(
+            f"a_rows={cfg.a_rows} loads only that many rows of A per tile, but M={km} needs every "
+            f"row of its tiles (a_rows is for M <= a_rows: one m block)"
+        )
     num_m, num_n = ceil_div(km, cfg.block_m), ceil_div(kn, cfg.block_n)
     if num_m * num_n * cfg.split_k + device.num_sms > INT32_MAX:
-        out.append(f"{num_m} x {num_n} tiles x {cfg.split_k} splits overflow the kernel's 32-bit work "
-                   f"unit count (use larger tiles)")
+        out.append(
+            f"{num_m} x {num_n} tiles x {cfg.split_k} splits overflow the kernel's 32-bit work "
+            f"unit count (use larger tiles)"
+        )
     if cfg.group_size * max(num_m, num_n) > INT32_MAX:
-        out.append(f"a raster group of {cfg.group_size} x {max(num_m, num_n)} tiles overflows the "
-                   f"kernel's 32-bit tile index (use larger tiles or a smaller group_size)")
+        out.append(
+            f"a raster group of {cfg.group_size} x {max(num_m, num_n)} tiles overflows the "
+            f"kernel's 32-bit tile index (use larger tiles or a smaller group_size)"
+        )
     return out
 
 
-def config_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec,
-                    structural: Callable[[KernelConfig], list[str]], layout_of_cfg: Callable,
-                    arch_rules: Callable[[KernelConfig], list[str]] | None = None) -> list[str]:
+def config_problems(
+    cfg: KernelConfig,
+    problem: Problem,
+    device: DeviceSpec,
+    structural: Callable[[KernelConfig], list[str]],
+    layout_of_cfg: Callable,
+    arch_rules: Callable[[KernelConfig], list[str]] | None = None,
+) -> list[str]:
     """The checks of every arch's `check_config`, in words (empty when `cfg` can run): the
     field mismatches, the fit of the tiling to the shape (`shape_problems`), the arch's structural rules (`structural(cfg)`, its layout module's
     structural_problems), the arch's own rules (`arch_rules(cfg)`), and, for a structurally sound
@@ -93,21 +112,24 @@ def config_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec,
     if not found:
         lay = layout_of_cfg(cfg)
         if lay.smem_bytes > device.smem_capacity:
-            out.append(f"needs {lay.smem_bytes} bytes of shared memory ({cfg.num_stages} stages x "
-                       f"{lay.stage_bytes} + {lay.out_bytes} output staging + barriers), more than "
-                       f"the {device.smem_capacity} of {device.arch}")
+            out.append(
+                f"needs {lay.smem_bytes} bytes of shared memory ({cfg.num_stages} stages x "
+                f"{lay.stage_bytes} + {lay.out_bytes} output staging + barriers), more than "
+                f"the {device.smem_capacity} of {device.arch}"
+            )
     return out
 
 
 # Pipeline depth (see `stage_rule`).
-MAX_STAGES = 16             # pipeline depth cap (KernelConfig accepts 2..16)
-MIN_STAGES = 3              # fewer cannot hide TMA latency
-MIN_STAGES_SMALL_TILE = 4   # ... and small tiles run through stages faster
+MAX_STAGES = 16  # pipeline depth cap (KernelConfig accepts 2..16)
+MIN_STAGES = 3  # fewer cannot hide TMA latency
+MIN_STAGES_SMALL_TILE = 4  # ... and small tiles run through stages faster
 SMALL_TILE_ELEMS = 128 * 192
 
 
-def max_stages(cfg: KernelConfig, capacity: int, cap: int = MAX_STAGES, *,
-               smem_of: Callable[[KernelConfig], int]) -> int:
+def max_stages(
+    cfg: KernelConfig, capacity: int, cap: int = MAX_STAGES, *, smem_of: Callable[[KernelConfig], int]
+) -> int:
     """Most pipeline stages (2..`cap`) for which `cfg` fits `capacity` bytes of shared memory, or
     0 when not even 2 stages fit. `cfg.num_stages` is ignored.
 
@@ -116,6 +138,7 @@ def max_stages(cfg: KernelConfig, capacity: int, cap: int = MAX_STAGES, *,
     checked, so it costs a handful of calls, not one per stage count.
     `cap` must stay within the stage range KernelConfig accepts (2..16).
     """
+
     def smem(stages: int) -> int:
         return smem_of(KernelConfig(**{**cfg.to_dict(), "num_stages": stages}))
 
@@ -126,7 +149,7 @@ def max_stages(cfg: KernelConfig, capacity: int, cap: int = MAX_STAGES, *,
         return 2
     slope = max(1, smem(3) - base)
     best = min(cap, 2 + (capacity - base) // slope)
-    while best > 2 and smem(best) > capacity:       # guard against a non-affine formula
+    while best > 2 and smem(best) > capacity:  # guard against a non-affine formula
         best -= 1
     while best < cap and smem(best + 1) <= capacity:
         best += 1
@@ -142,13 +165,16 @@ def stage_rule(block_m: int, block_n: int, stages: int) -> str | None:
     if stages < MIN_STAGES:
         return f"only {stages} pipeline stage(s) fit shared memory (need >= {MIN_STAGES})"
     if block_m * block_n < SMALL_TILE_ELEMS and stages < MIN_STAGES_SMALL_TILE:
-        return (f"only {stages} pipeline stages fit shared memory; tiles smaller than 128x192 "
-                f"need >= {MIN_STAGES_SMALL_TILE}")
+        return (
+            f"only {stages} pipeline stages fit shared memory; tiles smaller than 128x192 "
+            f"need >= {MIN_STAGES_SMALL_TILE}"
+        )
     return None
 
 
-def with_stages(cfg: KernelConfig, device: DeviceSpec,
-                smem_of: Callable[[KernelConfig], int]) -> tuple[KernelConfig, int]:
+def with_stages(
+    cfg: KernelConfig, device: DeviceSpec, smem_of: Callable[[KernelConfig], int]
+) -> tuple[KernelConfig, int]:
     """(`cfg` with as many pipeline stages as fit the device's shared memory (capped at
     MAX_STAGES; at least 2), the count that fits (0 when not even 2 do)). `smem_of`: the
     arch's shared-memory formula, as for `max_stages`."""

@@ -7,19 +7,20 @@
 - the JSON-serialisable reports of `explain`: `explanation`, `report_terms` (a candidate's cost
   terms), `problem_dict`, `device_dict`, `describe_layout`.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence
 
 from jitgemm.config import KernelConfig
+from jitgemm.geometry import Waves
 from jitgemm.problem import Problem
 
 from .cost import Traffic
 from .device import DeviceSpec
 from .rules import base_config, stage_rule, with_stages
-from jitgemm.geometry import Waves
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Candidate:
     deterministic order (lower is better), ending in the config name so no two candidates tie.
     `terms` are the cost-model quantities reported by `explain` (JSON-serialisable scalars).
     """
+
     config: KernelConfig
     cost: float
     key: tuple = ()
@@ -47,6 +49,7 @@ class Candidate:
 @dataclass(frozen=True)
 class Rejection:
     """A candidate removed by a rule: a short description of it and the rule, in words."""
+
     config: str
     rule: str
 
@@ -59,9 +62,14 @@ def rank(candidates: Iterable[Candidate]) -> list[Candidate]:
     return sorted(candidates, key=Candidate.sort_key)
 
 
-def screen(problem: Problem, device: DeviceSpec, layouts: Iterable[tuple[str, str | None, dict]],
-           structural: Callable[[KernelConfig], list[str]], rejected: list,
-           smem_of: Callable[[KernelConfig], int]) -> Iterator[KernelConfig]:
+def screen(
+    problem: Problem,
+    device: DeviceSpec,
+    layouts: Iterable[tuple[str, str | None, dict]],
+    structural: Callable[[KernelConfig], list[str]],
+    rejected: list,
+    smem_of: Callable[[KernelConfig], int],
+) -> Iterator[KernelConfig]:
     """The rules every arch applies after its own, in order, to tile layouts.
 
     `layouts` yields (description, the arch's first rule against the layout or None, the tile
@@ -84,8 +92,9 @@ def screen(problem: Problem, device: DeviceSpec, layouts: Iterable[tuple[str, st
         yield cfg
 
 
-def search(arch: str, candidates: Callable[[Problem, DeviceSpec], tuple[list, list]], problem: Problem,
-           device: DeviceSpec) -> tuple[list[Candidate], list[Rejection]]:
+def search(
+    arch: str, candidates: Callable[[Problem, DeviceSpec], tuple[list, list]], problem: Problem, device: DeviceSpec
+) -> tuple[list[Candidate], list[Rejection]]:
     """(the legal candidates ranked best first, the rejections) of an arch's
     `candidates(problem, device)`. ValueError when `device` is not of `arch` or nothing is legal."""
     if device.arch != arch:
@@ -99,27 +108,27 @@ def search(arch: str, candidates: Callable[[Problem, DeviceSpec], tuple[list, li
 Finish = Callable[[KernelConfig, Problem, DeviceSpec], KernelConfig]
 
 
-def select_best(arch: str, candidates: Callable, finish: Finish, problem: Problem,
-                device: DeviceSpec) -> KernelConfig:
+def select_best(arch: str, candidates: Callable, finish: Finish, problem: Problem, device: DeviceSpec) -> KernelConfig:
     """An arch's `select`: the candidate its cost model ranks first (see `search`), completed by
     `finish(cfg, problem, device)` (the arch's raster choice)."""
     ranked, _ = search(arch, candidates, problem, device)
     return finish(ranked[0].config, problem, device)
 
 
-def explain_search(arch: str, candidates: Callable, finish: Finish, problem: Problem, device: DeviceSpec,
-                   top: int, **extra) -> dict:
+def explain_search(
+    arch: str, candidates: Callable, finish: Finish, problem: Problem, device: DeviceSpec, top: int, **extra
+) -> dict:
     """An arch's `explain`: the report of a `search` (see `explanation`) with the best `top`
     candidates, each completed by `finish` as `select_best` completes its choice, the first of
     them chosen; `extra` keys (the cost model in words...) are added."""
     ranked, rejected = search(arch, candidates, problem, device)
-    shown = [Candidate(finish(c.config, problem, device), c.cost, c.key, c.terms) for c in ranked[:max(1, top)]]
-    return explanation(problem, device, shown[0].config, shown, rejected, top,
-                       legal_candidates=len(ranked), **extra)
+    shown = [Candidate(finish(c.config, problem, device), c.cost, c.key, c.terms) for c in ranked[: max(1, top)]]
+    return explanation(problem, device, shown[0].config, shown, rejected, top, legal_candidates=len(ranked), **extra)
 
 
-def report_terms(w: Waves, tr: Traffic, bound: str, sm_clk: float, hbm_clk: float, k_bytes: int,
-                 cfg: KernelConfig, smem_bytes: int) -> dict:
+def report_terms(
+    w: Waves, tr: Traffic, bound: str, sm_clk: float, hbm_clk: float, k_bytes: int, cfg: KernelConfig, smem_bytes: int
+) -> dict:
     """The cost terms every arch's `explain` reports for a candidate (JSON scalars): its waves,
     the last wave's utilisation, the CTA tiles, the bound, the SM-side and DRAM-floor cycles, the
     bytes read from L2 (`k_bytes`: K x the input element size), its shared memory and stages."""
@@ -136,8 +145,7 @@ def report_terms(w: Waves, tr: Traffic, bound: str, sm_clk: float, hbm_clk: floa
     }
 
 
-def describe_layout(block_m: int, block_n: int, cluster_size: int = 1, multicast: str = "none",
-                    **extra) -> str:
+def describe_layout(block_m: int, block_n: int, cluster_size: int = 1, multicast: str = "none", **extra) -> str:
     """Short text for a tile layout, e.g. 'm128n208 cluster2 multicast A'."""
     text = f"m{block_m}n{block_n}"
     if cluster_size > 1:
@@ -167,16 +175,22 @@ def _jsonable(value):
     return value
 
 
-def explanation(problem: Problem, device: DeviceSpec, chosen: KernelConfig,
-                ranked: Sequence[Candidate], rejected: Sequence[Rejection], top: int = 5,
-                **extra) -> dict:
+def explanation(
+    problem: Problem,
+    device: DeviceSpec,
+    chosen: KernelConfig,
+    ranked: Sequence[Candidate],
+    rejected: Sequence[Rejection],
+    top: int = 5,
+    **extra,
+) -> dict:
     """The JSON-serialisable answer of `explain`: problem, device, chosen config, the best `top`
     candidates (ranked best first) with their cost terms, and the rejections with their rules."""
     out = {
         "problem": problem_dict(problem),
         "device": device_dict(device),
         "chosen": chosen.to_dict(),
-        "candidates": [c.to_dict() for c in list(ranked)[:max(0, top)]],
+        "candidates": [c.to_dict() for c in list(ranked)[: max(0, top)]],
         "rejected": [r.to_dict() for r in rejected],
     }
     out.update(extra)

@@ -24,13 +24,14 @@ share of the chip-wide L2 bandwidth; plus the writeback per tile, hidden behind 
 main loop when the accumulator is double-buffered in TMEM; never below streaming the operands
 from DRAM once.
 """
+
 from __future__ import annotations
 
 import functools
 
+from jitgemm.archs.sm100.layout import MN_PIECE, TMEM_COLUMNS, UMMA_M, layout_of, smem_bytes, structural_problems
 from jitgemm.config import KernelConfig
-from jitgemm.archs.sm100.layout import (MN_PIECE, TMEM_COLUMNS, UMMA_M, layout_of, smem_bytes,
-                                  structural_problems)
+from jitgemm.geometry import ceil_div, choose_raster, covered_extent, round_up, waves_of
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 from . import rules
@@ -38,23 +39,29 @@ from .cost import Traffic, epilogue_clk, kblock_terms, output_bytes, persistent_
 from .device import ArchRates, DeviceSpec
 from .rules import config_problems, with_fields
 from .search import Candidate, Rejection, describe_layout, explain_search, report_terms, screen, select_best
-from jitgemm.geometry import ceil_div, choose_raster, covered_extent, round_up, waves_of
 
 ARCH = "sm_100a"
 # Placeholders until measured (the model uses the tensor-core, shared-memory, L2 and latency
 # rates; no clock credit; the ingress and run overhead sm_90a's).
-RATES = ArchRates(mma_flops_per_clk=8192, mma_peak_flops_per_clk=8192, l2_sm_bytes_per_clk=64,
-                  l2_total_bytes_per_clk=8192, hbm_bytes_per_clk=4000, dram_read_bytes_per_clk=4000,
-                  dram_run_overhead_bytes=32, load_latency_clk=1000)
+RATES = ArchRates(
+    mma_flops_per_clk=8192,
+    mma_peak_flops_per_clk=8192,
+    l2_sm_bytes_per_clk=64,
+    l2_total_bytes_per_clk=8192,
+    hbm_bytes_per_clk=4000,
+    dram_read_bytes_per_clk=4000,
+    dram_run_overhead_bytes=32,
+    load_latency_clk=1000,
+)
 
 CONSUMERS = (1, 2)
 BLOCK_NS = tuple(range(16, 257, 16))
 CLUSTERS = (1, 2)
-SWAP_MAX_M = 256               # swap_ab is considered only for M up to this (and M < N)
+SWAP_MAX_M = 256  # swap_ab is considered only for M up to this (and M < N)
 
 # Fixed per-tile costs of the writeback, clock cycles.
-EPILOGUE_FIXED_CLK = 400       # TMEM loads, barriers, issuing the TMA stores
-C_LOAD_LATENCY_CLK = 1000      # has_c: each staged C box is loaded and waited for
+EPILOGUE_FIXED_CLK = 400  # TMEM loads, barriers, issuing the TMA stores
+C_LOAD_LATENCY_CLK = 1000  # has_c: each staged C box is loaded and waited for
 
 
 def kernel_mn(problem: Problem, swap_ab: bool) -> tuple[int, int]:
@@ -82,24 +89,27 @@ def check_config(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> lis
     return config_problems(cfg, problem, device, structural_problems, layout_of)
 
 
-def _layout_rejection(problem: Problem, device: DeviceSpec, swap_ab: bool, consumers: int,
-                      block_n: int, cluster: int) -> str | None:
+def _layout_rejection(
+    problem: Problem, device: DeviceSpec, swap_ab: bool, consumers: int, block_n: int, cluster: int
+) -> str | None:
     """The first rule that removes a tile layout before costing, or None."""
     if swap_ab and not (problem.m < problem.n and problem.m <= SWAP_MAX_M):
-        return (f"swap_ab only for a small M (M < N and M <= {SWAP_MAX_M}); "
-                f"here M={problem.m}, N={problem.n}")
+        return f"swap_ab only for a small M (M < N and M <= {SWAP_MAX_M}); here M={problem.m}, N={problem.n}"
     km, kn = kernel_mn(problem, swap_ab)
     if consumers == 2 and km <= UMMA_M:
-        return (f"a second MMA consumer needs more than {UMMA_M} kernel-M rows "
-                f"(kernel M = {km}{' = N, swap_ab' if swap_ab else ''}): its half of the tile would be padding")
+        return (
+            f"a second MMA consumer needs more than {UMMA_M} kernel-M rows "
+            f"(kernel M = {km}{' = N, swap_ab' if swap_ab else ''}): its half of the tile would be padding"
+        )
     cols = tmem_columns(consumers, block_n)
     if cols > TMEM_COLUMNS:
-        return (f"TMEM budget: {consumers} accumulator(s) x {block_n} fp32 columns = {cols} > "
-                f"{TMEM_COLUMNS} columns")
+        return f"TMEM budget: {consumers} accumulator(s) x {block_n} fp32 columns = {cols} > {TMEM_COLUMNS} columns"
     b_major_is_k = (problem.a_major if swap_ab else problem.b_major) == "K"
     if not b_major_is_k and (block_n // cluster) % MN_PIECE:
-        return (f"the MN-major user {shared_operand(swap_ab)} is the MMA-B side: each CTA needs whole "
-                f"64-element swizzle rows, block_n / cluster = {block_n // cluster}")
+        return (
+            f"the MN-major user {shared_operand(swap_ab)} is the MMA-B side: each CTA needs whole "
+            f"64-element swizzle rows, block_n / cluster = {block_n // cluster}"
+        )
     if cluster > 1:
         if device.num_sms % cluster:
             return f"no 2-CTA MMA: the SM count {device.num_sms} is odd"
@@ -141,7 +151,7 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     pair = cfg.cluster_size
     a_box = round_up(bm, MN_PIECE) if not lay.mma_a.major_is_k else bm
-    b_box = lay.mma_b.tile_bytes // (bk * elem) * pair       # MMA-B columns the pair loads
+    b_box = lay.mma_b.tile_bytes // (bk * elem) * pair  # MMA-B columns the pair loads
     tr = traffic(km, kn, bm, bn, a_box, b_box, pair)
     k_blocks = ceil_div(problem.k, bk)
     slice_bytes = bk * elem
@@ -196,9 +206,14 @@ def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> Kern
     lay = layout_of(cfg)
     km, kn = kernel_mn(problem, cfg.swap_ab)
     b_cols = lay.mma_b.tile_bytes // (cfg.block_k * DTYPE_BYTES[cfg.dtype]) * cfg.cluster_size
-    raster, group, _ = choose_raster(ceil_div(km, cfg.block_m), ceil_div(kn, cfg.block_n), cfg.block_m,
-                                     b_cols, device.num_sms // cfg.cluster_size,
-                                     "B" if cfg.cluster_size == 2 else "none")
+    raster, group, _ = choose_raster(
+        ceil_div(km, cfg.block_m),
+        ceil_div(kn, cfg.block_n),
+        cfg.block_m,
+        b_cols,
+        device.num_sms // cfg.cluster_size,
+        "B" if cfg.cluster_size == 2 else "none",
+    )
     return with_fields(cfg, raster=raster, group_size=group)
 
 
@@ -210,25 +225,37 @@ def _layouts(problem: Problem, device: DeviceSpec):
                 for block_n in BLOCK_NS:
                     multicast = shared_operand(swap_ab) if cluster == 2 else "none"
                     extra = {"swap_ab": True} if swap_ab else {}
-                    yield (describe_layout(UMMA_M * consumers, block_n, cluster, multicast, **extra),
-                           _layout_rejection(problem, device, swap_ab, consumers, block_n, cluster),
-                           dict(block_m=UMMA_M * consumers, block_n=block_n, num_consumers=consumers,
-                                cluster_size=cluster, multicast=multicast, swap_ab=swap_ab))
+                    yield (
+                        describe_layout(UMMA_M * consumers, block_n, cluster, multicast, **extra),
+                        _layout_rejection(problem, device, swap_ab, consumers, block_n, cluster),
+                        dict(
+                            block_m=UMMA_M * consumers,
+                            block_n=block_n,
+                            num_consumers=consumers,
+                            cluster_size=cluster,
+                            multicast=multicast,
+                            swap_ab=swap_ab,
+                        ),
+                    )
 
 
 def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], list[Rejection]]:
     """All legal candidates (costed, unranked, raster not yet chosen) and the rejected layouts."""
     rejected = []
-    legal = [cost_of(problem, device, cfg) for cfg in
-             screen(problem, device, _layouts(problem, device), structural_problems, rejected, smem_bytes)]
+    legal = [
+        cost_of(problem, device, cfg)
+        for cfg in screen(problem, device, _layouts(problem, device), structural_problems, rejected, smem_bytes)
+    ]
     return legal, rejected
 
 
-COST_MODEL = ("cycles of a persistent CTA, wave by wave: per k-block the max of tensor-core time "
-              "(padded tiles included), UMMA shared-memory operand reads (halved for B by the 2-CTA "
-              "MMA), L2->SM ingress, latency/(stages-1) and the CTA's share of chip L2 bandwidth; "
-              "plus the writeback per tile, hidden behind the next tile's MMAs when the TMEM "
-              "accumulator is double-buffered; never below streaming the operands from DRAM once")
+COST_MODEL = (
+    "cycles of a persistent CTA, wave by wave: per k-block the max of tensor-core time "
+    "(padded tiles included), UMMA shared-memory operand reads (halved for B by the 2-CTA "
+    "MMA), L2->SM ingress, latency/(stages-1) and the CTA's share of chip L2 bandwidth; "
+    "plus the writeback per tile, hidden behind the next tile's MMAs when the TMEM "
+    "accumulator is double-buffered; never below streaming the operands from DRAM once"
+)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -240,9 +267,16 @@ def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
 def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
     """Why `select` chose what it chose: the best `top` candidates with their modelled cost and
     the layouts the rules removed (see search.explanation for the keys)."""
-    return explain_search(ARCH, candidates, with_raster, problem, device, top, cost_model=COST_MODEL,
-                          note="sm_100a kernels are compiled and SASS-checked only; "
-                               "they have not run on Blackwell hardware")
+    return explain_search(
+        ARCH,
+        candidates,
+        with_raster,
+        problem,
+        device,
+        top,
+        cost_model=COST_MODEL,
+        note="sm_100a kernels are compiled and SASS-checked only; they have not run on Blackwell hardware",
+    )
 
 
 def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, device: DeviceSpec) -> KernelConfig:

@@ -27,36 +27,52 @@ overlaps neither with the main loop); the whole never below the time to stream t
 once; plus a fixed cost per launch, more for a split-K launch.
 Rates: device.ArchRates; their calibration against H200 measurements: heuristics/RATES.md.
 """
+
 from __future__ import annotations
 
 import functools
 
-from jitgemm.config import KernelConfig
-from jitgemm.archs.sm90.layout import (SMEM_CAPACITY, WGMMA_M, KernelLayout, kernel_multicast, layout_of, read_batch,
-                            structural_problems)
 from jitgemm import geometry
-from jitgemm.geometry import kernel_shape
+from jitgemm.archs.sm90.layout import (
+    SMEM_CAPACITY,
+    WGMMA_M,
+    KernelLayout,
+    kernel_multicast,
+    layout_of,
+    read_batch,
+    structural_problems,
+)
+from jitgemm.config import KernelConfig
+from jitgemm.geometry import ceil_div, choose_raster, covered_extent, kernel_shape, waves_of
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 from . import rules
-from .cost import (Traffic, dram_run_efficiency, dram_stream_clk, epilogue_clk, kblock_terms, mma_rate, output_bytes,
-                   persistent_cost, wave_terms)
+from .cost import (
+    Traffic,
+    dram_run_efficiency,
+    dram_stream_clk,
+    epilogue_clk,
+    kblock_terms,
+    mma_rate,
+    output_bytes,
+    persistent_cost,
+    wave_terms,
+)
 from .device import ArchRates, DeviceSpec
 from .rules import MIN_STAGES, config_problems, with_fields
 from .search import Candidate, Rejection, describe_layout, explain_search, rank, report_terms, screen, select_best
-from jitgemm.geometry import ceil_div, choose_raster, covered_extent, waves_of
 
 ARCH = "sm_90a"
-RATES = ArchRates()     # measured on the H200 (heuristics/RATES.md)
+RATES = ArchRates()  # measured on the H200 (heuristics/RATES.md)
 
 # Register split of the template (setmaxnreg in templates/sm90/gemm.cu.j2).
 PRODUCER_REGS = 40
 CONSUMER_REGS = 232
-REGISTER_FILE = 65536          # 32-bit registers per SM
-ACC_REG_LIMIT = 128            # fp32 accumulators per math thread that still leave room (no spills)
-WIDE_ACC_REG_LIMIT = 192       # ... with one m64 atom per math warpgroup (NVRTC, sm_90a: m128n384
-                               # and m128n336 with a B tail compile without spills; m256n192, two
-                               # atoms with an M-major A, spills)
+REGISTER_FILE = 65536  # 32-bit registers per SM
+ACC_REG_LIMIT = 128  # fp32 accumulators per math thread that still leave room (no spills)
+WIDE_ACC_REG_LIMIT = 192  # ... with one m64 atom per math warpgroup (NVRTC, sm_90a: m128n384
+# and m128n336 with a B tail compile without spills; m256n192, two
+# atoms with an M-major A, spills)
 THREADS_PER_WARPGROUP = 128
 
 BLOCK_MS = (64, 128, 256)
@@ -75,26 +91,26 @@ CLUSTERS = ((1, "none"), (2, "A"), (2, "B"))
 
 # Split-K: candidate maximum split counts (KernelConfig.split_k) and the bounds on them.
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-MIN_KB_PER_SPLIT = 4           # keep >= 4 K blocks per split: shorter ones do not amortise the fix-up
-SPLITK_ACC_REG_LIMIT = 96      # split 0 holds its accumulators and a whole split of partials in
-                               # registers: m128n224 (112 accumulators) split 2 spills (NVRTC, sm_90a)
+MIN_KB_PER_SPLIT = 4  # keep >= 4 K blocks per split: shorter ones do not amortise the fix-up
+SPLITK_ACC_REG_LIMIT = 96  # split 0 holds its accumulators and a whole split of partials in
+# registers: m128n224 (112 accumulators) split 2 spills (NVRTC, sm_90a)
 
 # Fixed per-tile costs of the epilogue, clock cycles.
-EPILOGUE_FIXED_CLK = 400       # drain the last wgmma, barriers, issue the TMA stores
-C_LOAD_LATENCY_CLK = 1000      # has_c: the C tile is loaded after the main loop and waited for
+EPILOGUE_FIXED_CLK = 400  # drain the last wgmma, barriers, issue the TMA stores
+C_LOAD_LATENCY_CLK = 1000  # has_c: the C tile is loaded after the main loop and waited for
 # Split-K fix-up, serial after the main loop (templates/sm90/gemm.cu.j2, "split-K fix-up"):
 # splits 1.. store their partials, fence and count in; split 0 sees the count (its own
 # acquiring load): two L2 round trips; then it reads the partials back, a batch of splits at a
 # time with all of a batch's loads in flight together (see readback_rounds).
-L2_ROUND_TRIP_CLK = 1200       # a strong global load/atomic to L2 and back, under load (fitted
-                               # with the split-K reducer: 128x4096x7168 m64n128 B pairs split 2
-                               # 20.6 us against m128n128 split 4 23.7)
-SPLITK_SYNC_ROUND_TRIPS = 2    # the other splits' store fence, then split 0's load of the count.
-                               # Split 0 leads by layout.REDUCER_LEAD_KBLOCKS K blocks, which
-                               # hides most of the first (0.2-0.6 us measured); not modelled: with
-                               # one round trip the model prefers 1x4096x7168 split 2, measured
-                               # 18.2 us against 16.7 unsplit
-PARTIAL_BYTES = 4              # fp32 partial sums
+L2_ROUND_TRIP_CLK = 1200  # a strong global load/atomic to L2 and back, under load (fitted
+# with the split-K reducer: 128x4096x7168 m64n128 B pairs split 2
+# 20.6 us against m128n128 split 4 23.7)
+SPLITK_SYNC_ROUND_TRIPS = 2  # the other splits' store fence, then split 0's load of the count.
+# Split 0 leads by layout.REDUCER_LEAD_KBLOCKS K blocks, which
+# hides most of the first (0.2-0.6 us measured); not modelled: with
+# one round trip the model prefers 1x4096x7168 split 2, measured
+# 18.2 us against 16.7 unsplit
+PARTIAL_BYTES = 4  # fp32 partial sums
 # Split-K's extra per launch, beyond the fix-up terms: ~0.9 us measured against unsplit
 # launches (with PDL and the split-0 reducer): 1x4096x7168 m64n64 split 2 ran 18.6 us against
 # 16.7 unsplit, 64x4096x7168 19.2 against 17.8, while 128x2112x7168 m128n64 split 3 (13.9)
@@ -122,7 +138,9 @@ def register_budget(num_consumers: int) -> int:
 
 def _acc_regs_of(cfg: KernelConfig) -> int:
     """`acc_regs` of a config (0 when block_m does not split into the math warpgroups' atoms)."""
-    return acc_regs(cfg.block_m, cfg.block_n, cfg.num_consumers) if cfg.block_m % (WGMMA_M * cfg.num_consumers) == 0 else 0
+    return (
+        acc_regs(cfg.block_m, cfg.block_n, cfg.num_consumers) if cfg.block_m % (WGMMA_M * cfg.num_consumers) == 0 else 0
+    )
 
 
 def acc_reg_limit(block_m: int, num_consumers: int) -> int:
@@ -135,9 +153,11 @@ def _register_problems(cfg: KernelConfig) -> list[str]:
     regs = _acc_regs_of(cfg)
     limit = acc_reg_limit(cfg.block_m, cfg.num_consumers)
     if regs > limit:
-        out.append(f"{regs} fp32 accumulator registers per math thread (block_m={cfg.block_m} over "
-                   f"{cfg.num_consumers} warpgroup(s) x block_n={cfg.block_n}) exceed {limit} "
-                   f"of the {CONSUMER_REGS} a math thread gets: it would spill")
+        out.append(
+            f"{regs} fp32 accumulator registers per math thread (block_m={cfg.block_m} over "
+            f"{cfg.num_consumers} warpgroup(s) x block_n={cfg.block_n}) exceed {limit} "
+            f"of the {CONSUMER_REGS} a math thread gets: it would spill"
+        )
     budget = register_budget(cfg.num_consumers)
     if budget > REGISTER_FILE:
         out.append(f"the register split needs {budget} registers, more than the {REGISTER_FILE} of an SM")
@@ -146,12 +166,14 @@ def _register_problems(cfg: KernelConfig) -> list[str]:
 
 def check_config(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
     """Why `cfg` cannot run `problem` on `device` (sm_90a), in words; empty when it can."""
-    return config_problems(cfg, problem, device, structural_problems, layout_of, _register_problems) or \
-        split_problems(cfg, problem, device)
+    return config_problems(cfg, problem, device, structural_problems, layout_of, _register_problems) or split_problems(
+        cfg, problem, device
+    )
 
 
-def _layout_rejection(problem: Problem, device: DeviceSpec, block_m: int, block_n: int,
-                      cluster: int, multicast: str) -> str | None:
+def _layout_rejection(
+    problem: Problem, device: DeviceSpec, block_m: int, block_n: int, cluster: int, multicast: str
+) -> str | None:
     """The first rule (in DeepGEMM's spirit) that removes a tile layout before costing, or None.
     (The single-wave rule on multicast depends on the split count: see `single_wave_rule`.)"""
     if block_m == 256 and problem.out_dtype == "fp32":
@@ -159,15 +181,16 @@ def _layout_rejection(problem: Problem, device: DeviceSpec, block_m: int, block_
     consumers = num_consumers_for(block_m)
     regs = acc_regs(block_m, block_n, consumers)
     if regs > ACC_REG_LIMIT:
-        return (f"register budget: {regs} accumulator registers per math thread > {ACC_REG_LIMIT} "
-                f"(at least one of block_m, block_n must be <= 128)")
+        return (
+            f"register budget: {regs} accumulator registers per math thread > {ACC_REG_LIMIT} "
+            f"(at least one of block_m, block_n must be <= 128)"
+        )
     if cluster > 1:
         if device.num_sms % cluster:
             return f"no multicast: the SM count {device.num_sms} is odd"
         side = ceil_div(problem.n, block_n) if multicast == "A" else ceil_div(problem.m, block_m)
         if side < 2:
-            return (f"no multicast {multicast}: only one {'n' if multicast == 'A' else 'm'} block, "
-                    f"nothing to share")
+            return f"no multicast {multicast}: only one {'n' if multicast == 'A' else 'm'} block, nothing to share"
     return None
 
 
@@ -180,8 +203,10 @@ def split_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> l
         return []
     regs = _acc_regs_of(cfg)
     if regs > SPLITK_ACC_REG_LIMIT:
-        return [f"split_k={cfg.split_k} with {regs} accumulators per math thread: the split-K reducer "
-                f"needs <= {SPLITK_ACC_REG_LIMIT} (it holds a split of partials in registers too)"]
+        return [
+            f"split_k={cfg.split_k} with {regs} accumulators per math thread: the split-K reducer "
+            f"needs <= {SPLITK_ACC_REG_LIMIT} (it holds a split of partials in registers too)"
+        ]
     return []
 
 
@@ -201,12 +226,17 @@ def shared_wave(problem: Problem, device: DeviceSpec, block_m: int, block_n: int
     of 64 rows runs its SM's tensor cores well below the model's rate)."""
     num_m = ceil_div(problem.m, block_m)
     units = num_m * ceil_div(problem.n, block_n) * splits
-    return (block_m >= 128 and num_m >= SHARED_WAVE_M_BLOCKS and problem.n >= SHARED_WAVE_MIN_N
-            and units <= device.num_sms // cluster * cluster)
+    return (
+        block_m >= 128
+        and num_m >= SHARED_WAVE_M_BLOCKS
+        and problem.n >= SHARED_WAVE_MIN_N
+        and units <= device.num_sms // cluster * cluster
+    )
 
 
-def single_wave_rule(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, splits: int,
-                     multicast: str) -> str | None:
+def single_wave_rule(
+    problem: Problem, device: DeviceSpec, block_m: int, block_n: int, splits: int, multicast: str
+) -> str | None:
     """DeepGEMM's rule, counted in work units: no multicast when tiles x K splits fit one wave
     of CTAs (a cluster then only constrains the schedule). None when the rule does not apply.
 
@@ -229,8 +259,9 @@ def single_wave_rule(problem: Problem, device: DeviceSpec, block_m: int, block_n
     return None
 
 
-def split_choices(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, cluster: int,
-                  multicast: str, block_k: int) -> list[int]:
+def split_choices(
+    problem: Problem, device: DeviceSpec, block_m: int, block_n: int, cluster: int, multicast: str, block_k: int
+) -> list[int]:
     """The split_k values worth costing for a layout: 1, and each of SPLITS that leaves every
     split >= MIN_KB_PER_SPLIT K blocks and the work units (cluster tiles x splits) within one
     wave of the persistent grid; only 1 for tiles of more than SPLITK_ACC_REG_LIMIT
@@ -240,14 +271,14 @@ def split_choices(problem: Problem, device: DeviceSpec, block_m: int, block_n: i
         return [1]
     units = cluster_tiles_of(problem, block_m, block_n, multicast)
     slots = max(1, device.num_sms // cluster)
-    return [s for s in SPLITS
-            if s == 1 or (s * MIN_KB_PER_SPLIT <= k_blocks and units * s <= slots)]
+    return [s for s in SPLITS if s == 1 or (s * MIN_KB_PER_SPLIT <= k_blocks and units * s <= slots)]
 
 
 def cluster_tiles_of(problem: Problem, block_m: int, block_n: int, multicast: str) -> int:
     """Work items of one K split of an unswapped tiling: tiles, or pairs sharing `multicast`."""
-    return geometry.cluster_tiles(ceil_div(problem.m, block_m), ceil_div(problem.n, block_n),
-                                  {"A": "n", "B": "m"}.get(multicast))
+    return geometry.cluster_tiles(
+        ceil_div(problem.m, block_m), ceil_div(problem.n, block_n), {"A": "n", "B": "m"}.get(multicast)
+    )
 
 
 def readback_rounds(lay: KernelLayout, splits: int) -> int:
@@ -286,7 +317,7 @@ def partial_rows(m: int, block_m: int, num_consumers: int) -> int:
 def traffic(problem: Problem, block_m: int, block_n: int, b_box: int, multicast: str) -> Traffic:
     m, n = problem.m, problem.n
     num_m, num_n = ceil_div(m, block_m), ceil_div(n, block_n)
-    a_cov = m                                   # block_m is a multiple of 64: boxes never overhang
+    a_cov = m  # block_m is a multiple of 64: boxes never overhang
     b_cov = covered_extent(n, block_n, b_box)
     last_b = min(b_box, n - (num_n - 1) * block_n)
     last_a = m - (num_m - 1) * block_m
@@ -340,8 +371,8 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     num_m = ceil_div(problem.m, bm)
     k_blocks = ceil_div(problem.k, bk)
     splits = geometry.num_splits(cfg, problem.k)
-    kb_unit = ceil_div(k_blocks, splits)                    # the longest split's K blocks
-    slice_bytes = bk * elem                                 # one row/column of a k-block
+    kb_unit = ceil_div(k_blocks, splits)  # the longest split's K blocks
+    slice_bytes = bk * elem  # one row/column of a k-block
 
     w = waves_of(tr.cluster_tiles * splits, device.num_sms // cfg.cluster_size)
     slots_ctas = w.slots * cfg.cluster_size
@@ -353,7 +384,7 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     # A B tail takes a second wgmma per atom, which reads the A tile again.
     a_reads = 2 if lay.b.tail else 1
     t_smem = (lay.a.tile_bytes + lay.b.tile_bytes + (a_reads * bm + bn) * slice_bytes) / r.smem_bytes_per_clk
-    ingress = tr.ingress * slice_bytes / tr.cta_tiles      # bytes landing in one CTA per k-block
+    ingress = tr.ingress * slice_bytes / tr.cta_tiles  # bytes landing in one CTA per k-block
     per_cta, l2_read = kblock_terms(r, cfg, tr, slice_bytes, t_smem, mma_rate(r, device.num_sms, slots_ctas))
     # Bytes per CTA per k-block that come from DRAM: A once, B once per column block as its
     # boxes cover it (the overhang of padded pieces is fetched by both neighbours at the same
@@ -367,8 +398,8 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
 
     # Split-K: splits 1.. park their fp32 partial tiles (only live rows) in the workspace;
     # split 0 reads them back and runs the epilogue.
-    rows = partial_rows(problem.m, bm, cfg.num_consumers)   # per column of tiles, per split
-    ws_tile = rows / num_m * bn * PARTIAL_BYTES              # bytes one split of a tile stores
+    rows = partial_rows(problem.m, bm, cfg.num_consumers)  # per column of tiles, per split
+    ws_tile = rows / num_m * bn * PARTIAL_BYTES  # bytes one split of a tile stores
     ws_total = (splits - 1) * rows * bn * PARTIAL_BYTES * (tr.cta_tiles // num_m)
 
     rounds = 0
@@ -378,15 +409,20 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     def fixup(active_ctas: int) -> float:
         if splits == 1:
             return 0.0
-        own = (splits - 1) * ws_tile / r.l2_sm_bytes_per_clk        # split 0 reads the others back
+        own = (splits - 1) * ws_tile / r.l2_sm_bytes_per_clk  # split 0 reads the others back
         # on average a CTA moves 2 (S - 1) / S partials: splits 1.. store one, split 0 reads S - 1
         chip = active_ctas * 2 * (splits - 1) / splits * ws_tile / r.l2_total_bytes_per_clk
         return rounds * L2_ROUND_TRIP_CLK + max(own, chip)
 
     def wave_time(active_ctas: int) -> tuple[float, str]:
-        terms, bound = wave_terms(r, per_cta, l2_read / l2_gain, active_ctas,
-                                  dram=dram_stream_clk(r, cfg.num_stages, dram_read, active_ctas),
-                                  delivery=active_ctas * ingress / (r.l2_delivery_bytes_per_clk * l2_gain))
+        terms, bound = wave_terms(
+            r,
+            per_cta,
+            l2_read / l2_gain,
+            active_ctas,
+            dram=dram_stream_clk(r, cfg.num_stages, dram_read, active_ctas),
+            delivery=active_ctas * ingress / (r.l2_delivery_bytes_per_clk * l2_gain),
+        )
         return kb_unit * terms[bound] + fixup(active_ctas) + epilogue, bound
 
     # The DRAM floor: the operands at the read-only streaming rate, output and workspace at the
@@ -449,16 +485,16 @@ def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> Kern
     """`cfg` with the L2 raster (side and group size) of the smallest working set. With split-K
     the consecutive work units of a wave are the splits of fewer tiles."""
     slots = max(1, device.num_sms // cfg.cluster_size // geometry.num_splits(cfg, problem.k))
-    km, kn = kernel_shape(cfg, problem.m, problem.n)     # swap_ab tiles are in kernel coordinates
-    raster, group, _ = choose_raster(ceil_div(km, cfg.block_m), ceil_div(kn, cfg.block_n),
-                                     cfg.block_m, b_box_of(cfg), slots, kernel_multicast(cfg))
+    km, kn = kernel_shape(cfg, problem.m, problem.n)  # swap_ab tiles are in kernel coordinates
+    raster, group, _ = choose_raster(
+        ceil_div(km, cfg.block_m), ceil_div(kn, cfg.block_n), cfg.block_m, b_box_of(cfg), slots, kernel_multicast(cfg)
+    )
     return with_fields(cfg, raster=raster, group_size=group)
 
 
 def with_split(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
     """`cfg` with the split_k the cost model prefers for its tile (1 when splitting never pays)."""
-    choices = split_choices(problem, device, cfg.block_m, cfg.block_n, cfg.cluster_size, cfg.multicast,
-                            cfg.block_k)
+    choices = split_choices(problem, device, cfg.block_m, cfg.block_n, cfg.cluster_size, cfg.multicast, cfg.block_k)
     costed = [cost_of(problem, device, with_fields(cfg, split_k=s)) for s in choices]
     return rank(costed)[0].config
 
@@ -468,10 +504,17 @@ def _layouts(problem: Problem, device: DeviceSpec):
     for cluster, multicast in CLUSTERS:
         for block_m in BLOCK_MS:
             for block_n in BLOCK_NS:
-                yield (describe_layout(block_m, block_n, cluster, multicast),
-                       _layout_rejection(problem, device, block_m, block_n, cluster, multicast),
-                       dict(block_m=block_m, block_n=block_n, num_consumers=num_consumers_for(block_m),
-                            cluster_size=cluster, multicast=multicast))
+                yield (
+                    describe_layout(block_m, block_n, cluster, multicast),
+                    _layout_rejection(problem, device, block_m, block_n, cluster, multicast),
+                    dict(
+                        block_m=block_m,
+                        block_n=block_n,
+                        num_consumers=num_consumers_for(block_m),
+                        cluster_size=cluster,
+                        multicast=multicast,
+                    ),
+                )
 
 
 def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], list[Rejection]]:
@@ -507,12 +550,14 @@ def with_tail(cfg: KernelConfig, device: DeviceSpec) -> KernelConfig | None:
     return None if structural_problems(tail) else with_stages(tail, device)[0]
 
 
-COST_MODEL = ("cycles of a persistent CTA, wave by wave over the work units (cluster tiles x K splits): "
-              "per k-block the max of tensor-core, shared-memory traffic (TMA writes + wgmma reads), "
-              "L2->SM ingress, latency/(stages-1), the CTA's share of chip L2 bandwidth and its DRAM "
-              "streaming time (DRAM latency/(stages-1) + its share of the read bandwidth); plus the "
-              "split-K fix-up and the epilogue per unit; never below streaming operands and workspace "
-              "from DRAM once; plus a fixed cost per launch (more with split-K)")
+COST_MODEL = (
+    "cycles of a persistent CTA, wave by wave over the work units (cluster tiles x K splits): "
+    "per k-block the max of tensor-core, shared-memory traffic (TMA writes + wgmma reads), "
+    "L2->SM ingress, latency/(stages-1), the CTA's share of chip L2 bandwidth and its DRAM "
+    "streaming time (DRAM latency/(stages-1) + its share of the read bandwidth); plus the "
+    "split-K fix-up and the epilogue per unit; never below streaming operands and workspace "
+    "from DRAM once; plus a fixed cost per launch (more with split-K)"
+)
 
 
 def with_a_rows(cfg: KernelConfig, problem: Problem) -> KernelConfig:
@@ -540,8 +585,9 @@ def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
     """Why `select` chose what it chose: the best `top` candidates with their modelled cost and
     terms (split_k, units, kb_per_unit, splitk_cycles, workspace_bytes among them) and the
     layouts the rules removed (see search.explanation for the keys)."""
-    return explain_search(ARCH, candidates, finish, problem, device, top, cost_model=COST_MODEL,
-                          clock_ghz=device.rates.clock_ghz)
+    return explain_search(
+        ARCH, candidates, finish, problem, device, top, cost_model=COST_MODEL, clock_ghz=device.rates.clock_ghz
+    )
 
 
 def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, device: DeviceSpec) -> KernelConfig:
@@ -555,13 +601,16 @@ def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, devic
     if "cluster_size" in data and "multicast" not in data:
         if merged["cluster_size"] == 1:
             merged["multicast"] = "none"
-        elif merged["multicast"] == "none":   # pair along the longer side by default
+        elif merged["multicast"] == "none":  # pair along the longer side by default
             merged["multicast"] = "A" if problem.n >= problem.m else "B"
     if merged["swap_ab"]:
         # swap_ab takes none of select's per-tile extras (layout.structural_problems), and
         # select's pair would pair other tiles: unpaired unless a pair is given
-        extras = (("b_tail", False), ("a_rows", 0), ("split_k", 1)) + \
-            ((("cluster_size", 1), ("multicast", "none")) if "cluster_size" not in data and "multicast" not in data else ())
+        extras = (("b_tail", False), ("a_rows", 0), ("split_k", 1)) + (
+            (("cluster_size", 1), ("multicast", "none"))
+            if "cluster_size" not in data and "multicast" not in data
+            else ()
+        )
         for field, off in extras:
             if field not in data:
                 merged[field] = off
@@ -576,7 +625,7 @@ def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, devic
         if tile_changed and "num_stages" not in data:
             cfg, _ = with_stages(cfg, device)
         if tile_changed and "split_k" not in data and not cfg.swap_ab:
-            cfg = with_split(cfg, problem, device)   # select's split was for its own tile
+            cfg = with_split(cfg, problem, device)  # select's split was for its own tile
         if "raster" not in data and "group_size" not in data:
             cfg = with_raster(cfg, problem, device)
     return cfg

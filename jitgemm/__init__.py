@@ -1,4 +1,5 @@
 """jitgemm: JIT-generated GEMM kernels for Hopper, compiled with NVRTC and cached on disk."""
+
 import os as _os
 
 # In a checkout, heuristics/ and templates/ sit beside jitgemm/ (pyproject maps them into the
@@ -7,8 +8,10 @@ import os as _os
 _here = _os.path.dirname(__file__)
 _root = _os.path.dirname(_here)
 if not _os.path.isdir(_os.path.join(_here, "heuristics")) and _os.path.isfile(
-        _os.path.join(_root, "heuristics", "__init__.py")):
+    _os.path.join(_root, "heuristics", "__init__.py")
+):
     __path__.append(_root)
+
 from .api import FallbackCopyWarning, config_for, gemm
 from .arrays import DeviceArray
 from .config import KernelConfig

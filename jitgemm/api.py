@@ -1,4 +1,5 @@
 """The public entry point: jitgemm.gemm."""
+
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +13,21 @@ import numpy as np
 from cuda.bindings import driver
 
 from . import context, heuristics, kernels, launch, registry, runtime, tuned
-from .arrays import (GENERIC, HOST, LEGACY_STREAM, NUMPY_NAMES, TMA_ALIGN, UNRESOLVED, View, describe,
-                     lib_of, needs_consumer_stream, overlaps, resolve_device, stream_wait)
+from .arrays import (
+    GENERIC,
+    HOST,
+    LEGACY_STREAM,
+    NUMPY_NAMES,
+    TMA_ALIGN,
+    UNRESOLVED,
+    View,
+    describe,
+    lib_of,
+    needs_consumer_stream,
+    overlaps,
+    resolve_device,
+    stream_wait,
+)
 from .config import KernelConfig
 from .heuristics import DeviceSpec
 from .problem import MAX_OUTPUT_ELEMENTS, Problem
@@ -26,26 +40,40 @@ class FallbackCopyWarning(UserWarning):
     (issued once per argument name and process)."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_spec(ordinal: int) -> DeviceSpec:
     info = runtime.device_info(ordinal)
     if info.arch is None:
-        supported = ", ".join(f"{registry.get(name).compute_capability[0]}.{registry.get(name).compute_capability[1]} "
-                              f"({name})" for name in registry.ARCH_NAMES)
-        raise RuntimeError(f"jitgemm runs kernels on compute capability {supported}; device {ordinal} "
-                           f"({info.name}) is compute capability "
-                           f"{info.compute_capability[0]}.{info.compute_capability[1]}")
+        supported = ", ".join(
+            f"{registry.get(name).compute_capability[0]}.{registry.get(name).compute_capability[1]} ({name})"
+            for name in registry.ARCH_NAMES
+        )
+        raise RuntimeError(
+            f"jitgemm runs kernels on compute capability {supported}; device {ordinal} "
+            f"({info.name}) is compute capability "
+            f"{info.compute_capability[0]}.{info.compute_capability[1]}"
+        )
     if not registry.get(info.arch).verified_on_hardware:
-        warnings.warn(f"jitgemm's {info.arch} kernels are compiled and checked in their SASS but have not "
-                      "yet run on such hardware; verify results on your device", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"jitgemm's {info.arch} kernels are compiled and checked in their SASS but have not "
+            "yet run on such hardware; verify results on your device",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return DeviceSpec(arch=info.arch, num_sms=info.num_sms)
 
 
 # --------------------------------------------------------------------------------------------
 # arguments that are not arrays
 # --------------------------------------------------------------------------------------------
-_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
-                  "bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+_DTYPE_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float32": "fp32",
+    "bf16": "bf16",
+    "fp16": "fp16",
+    "fp32": "fp32",
+}
 
 
 def _out_dtype_name(out_dtype, input_dtype: str) -> str:
@@ -55,16 +83,17 @@ def _out_dtype_name(out_dtype, input_dtype: str) -> str:
         name = out_dtype
     else:
         try:
-            name = np.dtype(out_dtype).name      # NumPy / CuPy / ml_dtypes dtypes and types
+            name = np.dtype(out_dtype).name  # NumPy / CuPy / ml_dtypes dtypes and types
         except Exception:
             try:
-                name = str(out_dtype)            # torch.float32, ...
+                name = str(out_dtype)  # torch.float32, ...
             except Exception:
                 name = ""
     alias = _DTYPE_ALIASES.get(name.removeprefix("torch."))
     if alias is None or alias not in (input_dtype, "fp32"):
-        raise TypeError(f"out_dtype: expected None, the input dtype ({NUMPY_NAMES[input_dtype]}) or "
-                        f"float32, got {out_dtype!r}")
+        raise TypeError(
+            f"out_dtype: expected None, the input dtype ({NUMPY_NAMES[input_dtype]}) or float32, got {out_dtype!r}"
+        )
     return alias
 
 
@@ -72,12 +101,14 @@ def _stream_handle(stream) -> int:
     """The raw CUstream of a stream object or handle."""
     try:
         handle = _stream_value(stream)
-    except Exception as exc:     # a stream object whose attributes or protocol raise
+    except Exception as exc:  # a stream object whose attributes or protocol raise
         raise TypeError(f"stream: {stream!r} could not be read as a CUDA stream: {exc}") from exc
     if isinstance(handle, int) and not isinstance(handle, bool) and 0 <= handle < 1 << 64:
         return handle
-    raise TypeError(f"stream: expected None, a CuPy / PyTorch / cuda.core stream, an object with "
-                    f"__cuda_stream__, or a raw CUstream handle (int in [0, 2^64)), got {stream!r}")
+    raise TypeError(
+        f"stream: expected None, a CuPy / PyTorch / cuda.core stream, an object with "
+        f"__cuda_stream__, or a raw CUstream handle (int in [0, 2^64)), got {stream!r}"
+    )
 
 
 def _stream_value(stream):
@@ -85,9 +116,9 @@ def _stream_value(stream):
     if isinstance(stream, (int, driver.CUstream)):
         return int(stream) if isinstance(stream, driver.CUstream) else stream
     protocol = getattr(stream, "__cuda_stream__", None)
-    if protocol is not None:                        # cuda.core and other protocol streams
+    if protocol is not None:  # cuda.core and other protocol streams
         return protocol()[1]
-    for attr in ("cuda_stream", "ptr"):             # torch.cuda.Stream, cupy.cuda.Stream
+    for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
         value = getattr(stream, attr, None)
         if isinstance(value, int):
             return value
@@ -106,8 +137,10 @@ def _scalar(value, argname: str) -> float:
         x = math.inf
     # The kernels take float32: a larger finite value would silently become inf.
     if not math.isfinite(x) or abs(x) > FLOAT32_MAX:
-        raise ValueError(f"{argname}: expected a finite real number representable in float32 "
-                         f"(|x| <= {FLOAT32_MAX:.8g}), got {value!r}")
+        raise ValueError(
+            f"{argname}: expected a finite real number representable in float32 "
+            f"(|x| <= {FLOAT32_MAX:.8g}), got {value!r}"
+        )
     return x
 
 
@@ -126,7 +159,10 @@ def _warn_copy(argname: str, what: str) -> None:
     warnings.warn(
         f"jitgemm.gemm: {argname} {what}: TMA needs a unit-stride dimension, a 16-byte aligned base "
         f"address and leading stride, and rows of whole 16-byte units; this copy is made on every "
-        f"call with such a layout (warned once per argument)", FallbackCopyWarning, stacklevel=5)
+        f"call with such a layout (warned once per argument)",
+        FallbackCopyWarning,
+        stacklevel=5,
+    )
 
 
 def _operand_major(view: View) -> tuple:
@@ -141,8 +177,9 @@ def _output_ready(view: View) -> bool:
     return (view.strides[1] == 1 or view.shape[1] == 1) and view.tma_ready(1)
 
 
-def _aligned(lib, rows: int, cols: int, major: int, dtype: str, dev: int, stream: int, argname: str,
-             zero: bool) -> View:
+def _aligned(
+    lib, rows: int, cols: int, major: int, dtype: str, dev: int, stream: int, argname: str, zero: bool
+) -> View:
     """A fresh (rows, cols) buffer TMA can use with `major` innermost, rows padded to 16 bytes."""
     pad = TMA_ALIGN // (4 if dtype == "fp32" else 2)
     alloc = lib.zeros if zero else lib.empty
@@ -189,7 +226,8 @@ def _kernel(cfg: KernelConfig, problem: Problem, dev: int, stream: int):
             f"jitgemm.gemm: the stream is capturing a CUDA graph, but kernel {cfg.name} for "
             f"{problem.describe()} is not loaded on device {dev}, and loading or compiling it cannot "
             f"be captured. Warm up first: run the same gemm once before the capture (or precompile "
-            f"it with `jitgemm precompile` and run it once)")
+            f"it with `jitgemm precompile` and run it once)"
+        )
     return kernels.get(cfg, dev, problem=problem)
 
 
@@ -205,8 +243,9 @@ class _Kernel:
 
     def launch(self, va: View, vb: View, vd: View, vc: View | None, alpha: float, beta: float) -> launch.KernelLaunch:
         maps = self.arch.tensor_maps(self.problem, self.lay, va, vb, vd, vc)
-        return launch.KernelLaunch(self.kernel, self.cfg, self.problem, maps, alpha, beta, self.grid,
-                                   self.tiles, self.dev, self.stream)
+        return launch.KernelLaunch(
+            self.kernel, self.cfg, self.problem, maps, alpha, beta, self.grid, self.tiles, self.dev, self.stream
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,21 +255,23 @@ class _Plan:
     """Everything a repeated call with the same arrays (pointers, shapes, strides, dtypes,
     device), scalars and stream needs: the launch, or, when gemm allocates the result, one
     launch per result address the allocator hands out."""
+
     __slots__ = ("lib", "kernel", "operands", "alpha", "beta", "dev", "shape", "odt", "fixed", "by_out")
 
-    def __init__(self, lib, kernel: _Kernel, operands: tuple, alpha: float, beta: float,
-                 fixed: launch.KernelLaunch | None):
-        self.lib, self.kernel, self.operands = lib, kernel, operands     # the views of a, b and c
+    def __init__(
+        self, lib, kernel: _Kernel, operands: tuple, alpha: float, beta: float, fixed: launch.KernelLaunch | None
+    ):
+        self.lib, self.kernel, self.operands = lib, kernel, operands  # the views of a, b and c
         self.alpha, self.beta = alpha, beta
         self.dev = kernel.dev
         self.shape = (kernel.problem.m, kernel.problem.n)
         self.odt = kernel.problem.out_dtype
-        self.fixed = fixed         # the launch when the caller passes out
+        self.fixed = fixed  # the launch when the caller passes out
         self.by_out: dict = {}
 
     def run(self, out, explicit_stream: bool):
         if out is not None:
-            assert self.fixed is not None      # a plan of calls with out has their launch
+            assert self.fixed is not None  # a plan of calls with out has their launch
             self.fixed()
             return out
         lib, stream = self.lib, self.kernel.stream
@@ -243,7 +284,7 @@ class _Plan:
         call = self.by_out.get(ptr)
         if call is None:
             if ptr % TMA_ALIGN:
-                return None      # an unusual allocation: let the general path handle it
+                return None  # an unusual allocation: let the general path handle it
             if len(self.by_out) >= 16:
                 self.by_out.clear()
             va, vb, vc = self.operands
@@ -255,8 +296,9 @@ class _Plan:
 _plans: dict = {}
 
 
-def gemm(a, b, out=None, *, c=None, alpha=1.0, beta=1.0, out_dtype=None, stream=None,
-         config: KernelConfig | None = None):
+def gemm(
+    a, b, out=None, *, c=None, alpha=1.0, beta=1.0, out_dtype=None, stream=None, config: KernelConfig | None = None
+):
     """Compute ``alpha * (a @ b) + beta * c`` (or ``alpha * (a @ b)`` without `c`) on the GPU
     with a JIT-compiled Hopper kernel; scaling and the addition of `c` happen in the kernel's
     epilogue. Accumulation is in float32.
@@ -335,11 +377,19 @@ def gemm(a, b, out=None, *, c=None, alpha=1.0, beta=1.0, out_dtype=None, stream=
     lib = lib_of(a)
     if lib is not None and lib.fast and (dev := lib.device_of(a)) >= 0:
         try:
-            key = (lib.key(a), lib.key(b), None if out is None else lib.key(out),
-                   None if c is None else lib.key(c), alpha, beta, out_dtype, config,
-                   lib.current_stream(dev) if stream is None else _stream_handle(stream))
+            key = (
+                lib.key(a),
+                lib.key(b),
+                None if out is None else lib.key(out),
+                None if c is None else lib.key(c),
+                alpha,
+                beta,
+                out_dtype,
+                config,
+                lib.current_stream(dev) if stream is None else _stream_handle(stream),
+            )
             plan = _plans.get(key)
-        except (AttributeError, TypeError):     # mixed kinds of arrays, odd arguments: the general path
+        except (AttributeError, TypeError):  # mixed kinds of arrays, odd arguments: the general path
             key, plan = None, None
         if plan is not None:
             result = plan.run(out, stream is not None)
@@ -365,7 +415,7 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
     elif va.lib.fast and any(needs_consumer_stream(x) for x in (b, out, c) if x is not None):
         handle = va.lib.current_stream(va.device)
     elif va.lib.fast:
-        handle = None      # looked up after validation
+        handle = None  # looked up after validation
     else:
         handle = va.stream if va.stream is not None else LEGACY_STREAM
     consumer = LEGACY_STREAM if handle is None else handle
@@ -377,11 +427,15 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
         raise TypeError(f"b: expected dtype {NUMPY_NAMES[va.dtype]} (the dtype of a), got {NUMPY_NAMES[vb.dtype]}")
     (m, k), (kb, n) = va.shape, vb.shape
     if kb != k:
-        raise ValueError(f"b: expected shape ({k}, N) so that its rows match the {k} columns of a "
-                         f"(a has shape {va.shape}), got shape {vb.shape}")
+        raise ValueError(
+            f"b: expected shape ({k}, N) so that its rows match the {k} columns of a "
+            f"(a has shape {va.shape}), got shape {vb.shape}"
+        )
     if m * n > MAX_OUTPUT_ELEMENTS:
-        raise ValueError(f"b: a {va.shape} @ b {vb.shape} has {m * n} output elements, more than the "
-                         f"{MAX_OUTPUT_ELEMENTS} (2^40) the kernels can count in 32-bit tiles")
+        raise ValueError(
+            f"b: a {va.shape} @ b {vb.shape} has {m * n} output elements, more than the "
+            f"{MAX_OUTPUT_ELEMENTS} (2^40) the kernels can count in 32-bit tiles"
+        )
     odt = _out_dtype_name(out_dtype, va.dtype)
     vo = None
     if out is not None:
@@ -391,8 +445,9 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
         if out_dtype is not None and vo.dtype != odt:
             raise TypeError(f"out: expected dtype {NUMPY_NAMES[odt]} (out_dtype), got {NUMPY_NAMES[vo.dtype]}")
         if vo.dtype not in (va.dtype, "fp32"):
-            raise TypeError(f"out: expected dtype {NUMPY_NAMES[va.dtype]} (the input dtype) or float32, "
-                            f"got {NUMPY_NAMES[vo.dtype]}")
+            raise TypeError(
+                f"out: expected dtype {NUMPY_NAMES[va.dtype]} (the input dtype) or float32, got {NUMPY_NAMES[vo.dtype]}"
+            )
         if vo.readonly:
             raise ValueError("out: expected a writable array, got a read-only one")
         odt = vo.dtype
@@ -408,8 +463,10 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
             if overlaps(vo, v):
                 raise ValueError(f"out: overlaps {name}; the output must not share memory with a or b")
         if vc is not None and overlaps(vo, vc) and not vo.same_memory(vc):
-            raise ValueError("out: partially overlaps c; pass out=c (the same array) to accumulate in "
-                             "place, or arrays that do not overlap")
+            raise ValueError(
+                "out: partially overlaps c; pass out=c (the same array) to accumulate in "
+                "place, or arrays that do not overlap"
+            )
 
     named = [("a", va), ("b", vb), ("out", vo), ("c", vc)]
     named = [(name, resolve_device(v, name)) for name, v in named if v is not None]
@@ -417,14 +474,16 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
     dev = first[1] if first is not None else None
     for name, v in named:
         if dev is not None and v.device not in (dev, UNRESOLVED):
-            raise ValueError(f"{name}: expected an array on device {dev} (the device of {first[0]}), "
-                             f"got an array on device {v.device}")
+            raise ValueError(
+                f"{name}: expected an array on device {dev} (the device of {first[0]}), "
+                f"got an array on device {v.device}"
+            )
     views = dict(named)
     va, vb, vo, vc = views["a"], views["b"], views.get("out"), views.get("c")
 
     if va.is_host:
         return _gemm_host(va, vb, vo, vc, m, n, k, odt, alpha, beta, explicit, config)
-    if dev is None:      # only empty raw arrays: no memory anywhere to say which device
+    if dev is None:  # only empty raw arrays: no memory anywhere to say which device
         dev = context.current_device()
     # Layouts, copies and the kernel configuration are decided (and a bad config rejected)
     # before any work is queued.
@@ -439,22 +498,34 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
         for _, v in named:
             if v.stream is not None and v.stream != handle:
                 stream_wait(handle, v.stream, dev)
-        return _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, handle,
-                            plan_key)
+        return _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, handle, plan_key)
 
 
 class _Decision:
     """How one call runs: the problem, the kernel configuration, and which inputs are copied."""
+
     __slots__ = ("problem", "cfg", "a_major", "a_copy", "b_major", "b_copy", "has_c", "c_copy")
 
-    def __init__(self, va: View, vb: View, vc: View | None, m: int, n: int, k: int, odt: str,
-                 beta: float, config: KernelConfig | None, dev: int):
+    def __init__(
+        self,
+        va: View,
+        vb: View,
+        vc: View | None,
+        m: int,
+        n: int,
+        k: int,
+        odt: str,
+        beta: float,
+        config: KernelConfig | None,
+        dev: int,
+    ):
         self.a_major, self.a_copy = _operand_major(va)
         self.b_major, self.b_copy = _operand_major(vb)
         self.has_c = vc is not None and beta != 0.0
         self.c_copy = vc is not None and self.has_c and not _output_ready(vc)
-        self.problem = Problem(m, n, k, va.dtype, odt, "K" if self.a_major == 1 else "M",
-                               "N" if self.b_major == 1 else "K", self.has_c)
+        self.problem = Problem(
+            m, n, k, va.dtype, odt, "K" if self.a_major == 1 else "M", "N" if self.b_major == 1 else "K", self.has_c
+        )
         self.cfg = _config_for(self.problem, dev, config)
 
 
@@ -462,10 +533,14 @@ def _describe_like(obj, argname: str, va: View, stream: int) -> View:
     view = describe(obj, argname, stream)
     if view.is_host != va.is_host:
         if va.is_host:
-            raise ValueError(f"{argname}: expected a NumPy host array like a, got a device array "
-                             f"({type(obj).__name__}); pass all arrays on the host or all on the GPU")
-        raise ValueError(f"{argname}: expected a device array like a, got a NumPy host array; "
-                         f"pass all arrays on the host or all on the GPU")
+            raise ValueError(
+                f"{argname}: expected a NumPy host array like a, got a device array "
+                f"({type(obj).__name__}); pass all arrays on the host or all on the GPU"
+            )
+        raise ValueError(
+            f"{argname}: expected a device array like a, got a NumPy host array; "
+            f"pass all arrays on the host or all on the GPU"
+        )
     return view
 
 
@@ -477,7 +552,7 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, ha
     # A result of another library is made from ours only once the work on it is queued.
     result = (lambda: vo.array) if out_given else (lambda: lib.result(vo.array, a))
     if decision is None:
-        if m and n:      # K = 0: a @ b is all zeros
+        if m and n:  # K = 0: a @ b is all zeros
             if vc is not None and beta != 0.0:
                 vo.lib.scale_(vo, vc, beta, handle)
             else:
@@ -499,7 +574,7 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, ha
     if _output_ready(vo):
         vd = vo
     elif d.c_copy and vo.same_memory(vc):
-        vd = vc_k               # out=c: accumulate in the aligned copy of c, then copy back
+        vd = vc_k  # out=c: accumulate in the aligned copy of c, then copy back
     else:
         if out_given:
             _warn_copy("out", "cannot be written by TMA in place; the result is copied into it")
@@ -508,8 +583,12 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, ha
     call()
     if vd is not vo:
         vo.lib.copy_(vo, vd, handle)
-    elif plan_key is not None and not (d.a_copy or d.b_copy or d.c_copy) and lib.fast and all(
-            v.lib is lib for v in (va, vb, vc_k, vo) if v is not None):
+    elif (
+        plan_key is not None
+        and not (d.a_copy or d.b_copy or d.c_copy)
+        and lib.fast
+        and all(v.lib is lib for v in (va, vb, vc_k, vo) if v is not None)
+    ):
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.clear()
         plan = _Plan(lib, kern, (va, vb, vc_k), alpha, beta, call if out_given else None)
@@ -526,7 +605,7 @@ def _gemm_host(va, vb, vo, vc, m, n, k, odt, alpha, beta, explicit, config):
         vo = lib.view(lib.empty((m, n), odt, HOST, None), "out")
     if m == 0 or n == 0:
         return vo.array
-    if k == 0:           # a @ b is all zeros
+    if k == 0:  # a @ b is all zeros
         if vc is not None and beta != 0.0:
             lib.scale_(vo, vc, beta, None)
         else:
@@ -537,15 +616,17 @@ def _gemm_host(va, vb, vo, vc, m, n, k, odt, alpha, beta, explicit, config):
     d = _Decision(va, vb, vc, m, n, k, odt, beta, config, dev)
     with context.on_device(dev):
         kern = _Kernel(d.problem, d.cfg, dev, stream)
-        staged = []     # host buffers that must live until the stream has read them
+        staged = []  # host buffers that must live until the stream has read them
         da = _upload(va, d.a_major, dev, stream, staged)
         db = _upload(vb, d.b_major, dev, stream, staged)
         dc = _upload(vc, 1, dev, stream, staged) if d.has_c else None
         dd = dc if d.has_c else _aligned(GENERIC, m, n, 1, odt, dev, stream, "out", zero=False)
         kern.launch(da, db, dd, dc, alpha, beta)()
         host = lib.empty((m, dd.strides[0]), odt, HOST, None)
-        runtime.check(driver.cuMemcpyDtoHAsync(host.ctypes.data, dd.ptr, host.nbytes, driver.CUstream(stream)),
-                      "cuMemcpyDtoHAsync")
+        runtime.check(
+            driver.cuMemcpyDtoHAsync(host.ctypes.data, dd.ptr, host.nbytes, driver.CUstream(stream)),
+            "cuMemcpyDtoHAsync",
+        )
         runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
     lib.copy_(vo, lib.view(host[:, :n], "out"), None)
     return vo.array
@@ -554,15 +635,17 @@ def _gemm_host(va, vb, vo, vc, m, n, k, odt, alpha, beta, explicit, config):
 def _upload(view: View, major: int, dev: int, stream: int, staged: list) -> View:
     """A zero-padded device copy of host `view`, `major` innermost, as a View."""
     rows, cols = view.shape
-    array: np.ndarray = view.array      # type: ignore[assignment]  # a host view holds a NumPy array
+    array: np.ndarray = view.array  # type: ignore[assignment]  # a host view holds a NumPy array
     host = array if major == 1 else array.T
     pad = TMA_ALIGN // view.itemsize
     staging = np.zeros((host.shape[0], -(-host.shape[1] // pad) * pad), host.dtype)
-    staging[:, :host.shape[1]] = host
+    staging[:, : host.shape[1]] = host
     staged.append(staging)
     device = GENERIC.empty(staging.shape, view.dtype, dev, stream)
-    runtime.check(driver.cuMemcpyHtoDAsync(device.ptr, staging.ctypes.data, staging.nbytes,
-                                           driver.CUstream(stream)), "cuMemcpyHtoDAsync")
+    runtime.check(
+        driver.cuMemcpyHtoDAsync(device.ptr, staging.ctypes.data, staging.nbytes, driver.CUstream(stream)),
+        "cuMemcpyHtoDAsync",
+    )
     if major == 1:
         return GENERIC.window(device, rows, cols, False, "upload")
     return GENERIC.window(device, cols, rows, True, "upload")

@@ -17,6 +17,7 @@ Only regular files are opened (a FIFO in place of a cache file could block forev
 else is a corrupt entry. prune/clear rename an entry aside before deleting it, so a reader never
 sees half of one, and treat items that vanish or appear meanwhile as another process's work.
 """
+
 from __future__ import annotations
 
 import errno
@@ -41,14 +42,14 @@ from .config import parse_json
 
 CACHE_SCHEMA = 1
 SOURCE_FILE, CUBIN_FILE, META_FILE = "kernel.cu", "kernel.cubin", "meta.json"
-LOCK_DIR, FAILED_DIR = ".locks", "failed"       # per-key lock files; sources that failed to compile
-TMP_PREFIX, TRASH_PREFIX = ".tmp-", ".trash-"   # entries being written; corrupt entries being removed
-LOCK_TIMEOUT_S = 120.0                          # a compile takes seconds; then compile without the lock
-LOCK_POLL_S = 0.05                              # how often a waiter retries the lock and checks its holder
-HOLDER_GRACE_S = 1.0                            # a holder seen stopped or gone this long is not waited for
-STALE_TMP_S = 3600.0                            # prune/clear remove temporary directories older than this
+LOCK_DIR, FAILED_DIR = ".locks", "failed"  # per-key lock files; sources that failed to compile
+TMP_PREFIX, TRASH_PREFIX = ".tmp-", ".trash-"  # entries being written; corrupt entries being removed
+LOCK_TIMEOUT_S = 120.0  # a compile takes seconds; then compile without the lock
+LOCK_POLL_S = 0.05  # how often a waiter retries the lock and checks its holder
+HOLDER_GRACE_S = 1.0  # a holder seen stopped or gone this long is not waited for
+STALE_TMP_S = 3600.0  # prune/clear remove temporary directories older than this
 KEY_RE = re.compile(r"[0-9a-f]{64}")
-TUNING_NAMES = ("tuned.json", "tuned.json.lock")   # jitgemm.tuned's file: not a kernel entry, kept by clear
+TUNING_NAMES = ("tuned.json", "tuned.json.lock")  # jitgemm.tuned's file: not a kernel entry, kept by clear
 ENV_ROOT, ENV_OFFLINE = "JITGEMM_CACHE_DIR", "JITGEMM_OFFLINE"
 
 
@@ -86,8 +87,13 @@ def offline_mode() -> bool:
 def cache_key(source: str, options: tuple, arch: str, nvrtc_version: str, schema: int | None = None) -> str:
     """The entry name: sha256 over length-prefixed parts, so no two inputs share a byte stream."""
     h = hashlib.sha256()
-    parts = (f"schema={CACHE_SCHEMA if schema is None else schema}", f"arch={arch}",
-             f"nvrtc={nvrtc_version}", "options=" + "\x1f".join(options), source)
+    parts = (
+        f"schema={CACHE_SCHEMA if schema is None else schema}",
+        f"arch={arch}",
+        f"nvrtc={nvrtc_version}",
+        "options=" + "\x1f".join(options),
+        source,
+    )
     for part in parts:
         data = part.encode()
         h.update(len(data).to_bytes(8, "little"))
@@ -97,6 +103,7 @@ def cache_key(source: str, options: tuple, arch: str, nvrtc_version: str, schema
 
 # ---- trust checks (lstat/fstat only: a symlink is judged, never followed) ----
 
+
 def _check_trusted(st: os.stat_result, path: Path, what: str) -> None:
     if stat.S_ISLNK(st.st_mode):
         raise UnsafeError(f"{what} {path} is a symlink")
@@ -104,8 +111,7 @@ def _check_trusted(st: os.stat_result, path: Path, what: str) -> None:
     if st.st_uid != uid:
         raise UnsafeError(f"{what} {path} is owned by uid {st.st_uid}, not by you (uid {uid})")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeError(f"{what} {path} is writable by group or others "
-                          f"(mode {stat.S_IMODE(st.st_mode):04o})")
+        raise UnsafeError(f"{what} {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
 
 
 def check_root(root: Path) -> None:
@@ -131,14 +137,14 @@ def _open_regular(path: Path, flags: int, what: str) -> int:
         _check_trusted(before, path, "cache file")
         if not stat.S_ISREG(before.st_mode):
             raise CorruptEntry(f"{what} is not a regular file")
-    try:   # O_NONBLOCK: should a FIFO be swapped in after the lstat, opening it does not block
+    try:  # O_NONBLOCK: should a FIFO be swapped in after the lstat, opening it does not block
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafeError(f"{path} is a symlink") from None
         raise
     try:
-        st = os.fstat(fd)   # of the file actually opened: no window between check and use
+        st = os.fstat(fd)  # of the file actually opened: no window between check and use
         _check_trusted(st, path, "cache file")
         if not stat.S_ISREG(st.st_mode) or (before is not None and not os.path.samestat(before, st)):
             raise CorruptEntry(f"{what} was replaced while being opened")
@@ -188,8 +194,9 @@ def read_entry(entry: Path, key: str, check_source: bool = False) -> tuple[dict,
     if check_source:
         source = read_trusted(entry / SOURCE_FILE, SOURCE_FILE)
         try:
-            derived = cache_key(source.decode(), tuple(meta["options"]), meta["arch"],
-                                meta["nvrtc_version"], meta["schema"])
+            derived = cache_key(
+                source.decode(), tuple(meta["options"]), meta["arch"], meta["nvrtc_version"], meta["schema"]
+            )
         except (KeyError, TypeError, UnicodeDecodeError) as exc:
             raise CorruptEntry(f"{META_FILE} or {SOURCE_FILE} is malformed ({exc!r})") from None
         if derived != key:
@@ -198,6 +205,7 @@ def read_entry(entry: Path, key: str, check_source: bool = False) -> tuple[dict,
 
 
 # ---- writing ----
+
 
 def _write_file(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -258,20 +266,20 @@ def _remove_tree(name: str | Path, dir_fd: int | None = None) -> None:
             raise
 
 
-if not {os.open, os.unlink, os.rmdir} <= os.supports_dir_fd:   # _remove_tree stays inside the root with them
+if not {os.open, os.unlink, os.rmdir} <= os.supports_dir_fd:  # _remove_tree stays inside the root with them
     raise ImportError("jitgemm.cache needs a platform with dir_fd support (os.open, os.unlink, os.rmdir)")
 
 
 # ---- the compile lock ----
 
-_HAVE_PROC = os.path.exists("/proc/self/stat")   # Linux: holders can be checked on
+_HAVE_PROC = os.path.exists("/proc/self/stat")  # Linux: holders can be checked on
 
 
 def _proc_state(pid: int) -> tuple[str, str] | None:
     """(state letter, start time) of process `pid`, or None when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()   # after the command name, which may hold anything
+            fields = f.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold anything
     except (FileNotFoundError, ProcessLookupError):
         return None
     return fields[0].decode(), fields[19].decode()
@@ -293,19 +301,19 @@ def _holder_record() -> bytes:
 
 
 def _stalled(record: bytes) -> str | None:
-    """"stopped" or "gone" when the holder that wrote `record` cannot be compiling; None when
+    """ "stopped" or "gone" when the holder that wrote `record` cannot be compiling; None when
     it is running or cannot be judged (no /proc, another pid namespace, no record yet)."""
     try:
         pid_text, start, namespace = record.decode().split()
         pid = int(pid_text)
-    except ValueError:      # UnicodeDecodeError is one too
+    except ValueError:  # UnicodeDecodeError is one too
         return None
     if not _HAVE_PROC or pid <= 0 or namespace != _pid_namespace():
         return None
     found = _proc_state(pid)
     if found is None or (start != "?" and found[1] != start):
-        return "gone"       # the lock is still held: a child that inherited the descriptor
-    return "stopped" if found[0] in ("T", "t") else None   # t: stopped by a debugger
+        return "gone"  # the lock is still held: a child that inherited the descriptor
+    return "stopped" if found[0] in ("T", "t") else None  # t: stopped by a debugger
 
 
 class CompileLock:
@@ -340,7 +348,7 @@ class CompileLock:
                         os.pwrite(fd, _holder_record(), 0)
                         self._fd, fd = fd, None
                         return None
-                    os.close(fd)     # removed by a cleanup while we waited: take the new file
+                    os.close(fd)  # removed by a cleanup while we waited: take the new file
                     fd = None
                     continue
                 now = time.monotonic()
@@ -364,12 +372,12 @@ class CompileLock:
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            os.close(fd)     # closing drops the flock
+            os.close(fd)  # closing drops the flock
 
     def _open(self) -> int:
         try:
             return _open_regular(self.path, os.O_RDWR | os.O_CREAT, "the lock file")
-        except FileNotFoundError:   # its directory was removed by clear: make it again
+        except FileNotFoundError:  # its directory was removed by clear: make it again
             make_private_dir(self.path.parent, "lock directory")
             return _open_regular(self.path, os.O_RDWR | os.O_CREAT, "the lock file")
 
@@ -433,14 +441,14 @@ def _warn_once(token: tuple, message: str) -> None:
 class CacheResult:
     cubin: bytes
     key: str
-    hit: bool               # found on disk (no compile happened in this call)
+    hit: bool  # found on disk (no compile happened in this call)
     compile_seconds: float
-    path: Path | None       # the entry directory, or None when compiled in memory
+    path: Path | None  # the entry directory, or None when compiled in memory
 
 
 @dataclass(frozen=True)
 class Lookup:
-    status: str             # "hit", "miss", "corrupt" or "unsafe"
+    status: str  # "hit", "miss", "corrupt" or "unsafe"
     cubin: bytes | None = None
     reason: str = ""
     root_unsafe: bool = False
@@ -450,10 +458,10 @@ class Lookup:
 class EntryInfo:
     key: str
     path: Path
-    meta: dict | None       # None when meta.json cannot be read
-    size_bytes: int         # bytes of the files in the entry, as stored
-    last_used: float        # the entry directory's mtime, refreshed on every load
-    problem: str | None     # why the entry cannot be read, without re-hashing (see verify)
+    meta: dict | None  # None when meta.json cannot be read
+    size_bytes: int  # bytes of the files in the entry, as stored
+    last_used: float  # the entry directory's mtime, refreshed on every load
+    problem: str | None  # why the entry cannot be read, without re-hashing (see verify)
 
     @property
     def kernel(self) -> str:
@@ -487,13 +495,14 @@ class KernelCache:
             return Lookup("corrupt", reason=str(exc))
         if touch:
             try:
-                os.utime(self.entry_dir(key))    # last use, for prune; a read-only root is fine
+                os.utime(self.entry_dir(key))  # last use, for prune; a read-only root is fine
             except OSError:
                 pass
         return Lookup("hit", cubin)
 
-    def get_or_compile(self, source: str, arch: str, options: tuple, nvrtc_version: str, meta: dict,
-                       compile_fn, offline_hint: str = "") -> CacheResult:
+    def get_or_compile(
+        self, source: str, arch: str, options: tuple, nvrtc_version: str, meta: dict, compile_fn, offline_hint: str = ""
+    ) -> CacheResult:
         """The cubin of `source`: from disk, or compiled with `compile_fn(source_path)` and published.
 
         `compile_fn` takes the path where a source that fails to compile is kept (None when
@@ -517,19 +526,22 @@ class KernelCache:
             return self._in_memory(key, compile_fn, Lookup("unsafe", reason=str(exc), root_unsafe=True))
         except OSError as exc:
             return self._in_memory(key, compile_fn, None, exc)
-        if not_held:     # a duplicate compile is safe: publishing is atomic and a lost race a success
+        if not_held:  # a duplicate compile is safe: publishing is atomic and a lost race a success
             _warn_once((str(self.root), key, "lock"), f"jitgemm: {not_held}; compiling without it")
         try:
-            found = self.lookup(key)    # another thread or process may have published it meanwhile
+            found = self.lookup(key)  # another thread or process may have published it meanwhile
             if found.status == "hit":
                 return CacheResult(found.cubin, key, True, 0.0, self.entry_dir(key))
             if found.status == "unsafe":
                 return self._in_memory(key, compile_fn, found)
             if found.status == "corrupt":
-                _warn_once((str(self.root), key, "corrupt"),
-                           f"jitgemm cache entry {self.entry_dir(key)} is corrupt ({found.reason}); rebuilding it")
-            return self._compile_and_publish(key, source, arch, options, nvrtc_version, meta, compile_fn,
-                                             replace=found.status == "corrupt")
+                _warn_once(
+                    (str(self.root), key, "corrupt"),
+                    f"jitgemm cache entry {self.entry_dir(key)} is corrupt ({found.reason}); rebuilding it",
+                )
+            return self._compile_and_publish(
+                key, source, arch, options, nvrtc_version, meta, compile_fn, replace=found.status == "corrupt"
+            )
         finally:
             lock.release()
 
@@ -542,21 +554,32 @@ class KernelCache:
                 os.mkdir(self.root, 0o700)
             except FileExistsError:
                 pass
-            check_root(self.root)     # whoever created it, it must be trusted now
+            check_root(self.root)  # whoever created it, it must be trusted now
 
     def _in_memory(self, key: str, compile_fn, unsafe: Lookup | None, error: OSError | None = None) -> CacheResult:
         if unsafe is not None:
             token = (str(self.root), "unsafe") if unsafe.root_unsafe else (str(self.root), key, "unsafe")
             _warn_once(token, f"jitgemm cache not used: {unsafe.reason}; compiling the kernel in memory")
         else:
-            _warn_once((str(self.root), "unwritable"),
-                       f"jitgemm cache at {self.root} cannot be written ({error}); compiling kernels in memory")
+            _warn_once(
+                (str(self.root), "unwritable"),
+                f"jitgemm cache at {self.root} cannot be written ({error}); compiling kernels in memory",
+            )
         result = compile_fn(None)
         return CacheResult(result.cubin, key, False, result.seconds, None)
 
-    def _compile_and_publish(self, key: str, source: str, arch: str, options: tuple, nvrtc_version: str,
-                             meta: dict, compile_fn, replace: bool) -> CacheResult:
-        try:     # made before compiling: an unwritable root shows up before the compile time is spent
+    def _compile_and_publish(
+        self,
+        key: str,
+        source: str,
+        arch: str,
+        options: tuple,
+        nvrtc_version: str,
+        meta: dict,
+        compile_fn,
+        replace: bool,
+    ) -> CacheResult:
+        try:  # made before compiling: an unwritable root shows up before the compile time is spent
             tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{key[:16]}-", dir=self.root))
         except OSError as exc:
             return self._in_memory(key, compile_fn, None, exc)
@@ -571,13 +594,15 @@ class KernelCache:
                 self._write_entry(tmp, key, source, arch, options, nvrtc_version, meta, result)
                 entry = self._publish(tmp, key, replace)
             except OSError as exc:
-                _warn_once((str(self.root), "unwritable"),
-                           f"jitgemm cache at {self.root} cannot be written ({exc}); compiling kernels in memory")
+                _warn_once(
+                    (str(self.root), "unwritable"),
+                    f"jitgemm cache at {self.root} cannot be written ({exc}); compiling kernels in memory",
+                )
                 return CacheResult(result.cubin, key, False, result.seconds, None)
             return CacheResult(result.cubin, key, False, result.seconds, entry)
         finally:
             try:
-                _remove_tree(tmp)     # gone already once published
+                _remove_tree(tmp)  # gone already once published
             except OSError:
                 pass
 
@@ -592,14 +617,24 @@ class KernelCache:
             pass
 
     @staticmethod
-    def _write_entry(tmp: Path, key: str, source: str, arch: str, options: tuple, nvrtc_version: str,
-                     meta: dict, result) -> None:
+    def _write_entry(
+        tmp: Path, key: str, source: str, arch: str, options: tuple, nvrtc_version: str, meta: dict, result
+    ) -> None:
         src = source.encode()
-        record = dict(meta, key=key, arch=arch, nvrtc_version=nvrtc_version, options=list(options),
-                      schema=CACHE_SCHEMA, compile_seconds=round(result.seconds, 4),
-                      cubin_bytes=len(result.cubin), source_bytes=len(src),
-                      cubin_sha256=hashlib.sha256(result.cubin).hexdigest(),
-                      source_sha256=hashlib.sha256(src).hexdigest(), created=time.time())
+        record = dict(
+            meta,
+            key=key,
+            arch=arch,
+            nvrtc_version=nvrtc_version,
+            options=list(options),
+            schema=CACHE_SCHEMA,
+            compile_seconds=round(result.seconds, 4),
+            cubin_bytes=len(result.cubin),
+            source_bytes=len(src),
+            cubin_sha256=hashlib.sha256(result.cubin).hexdigest(),
+            source_sha256=hashlib.sha256(src).hexdigest(),
+            created=time.time(),
+        )
         _write_file(tmp / SOURCE_FILE, src)
         _write_file(tmp / CUBIN_FILE, result.cubin)
         _write_file(tmp / META_FILE, json.dumps(record, indent=1, sort_keys=True).encode())
@@ -608,7 +643,7 @@ class KernelCache:
     def _publish(self, tmp: Path, key: str, replace: bool) -> Path:
         entry = self.entry_dir(key)
         trash = None
-        if replace:      # move the corrupt entry aside first: rename cannot replace a non-empty dir
+        if replace:  # move the corrupt entry aside first: rename cannot replace a non-empty dir
             trash = self.root / f"{TRASH_PREFIX}{key[:16]}-{secrets.token_hex(4)}"
             try:
                 os.rename(entry, trash)
@@ -626,15 +661,16 @@ class KernelCache:
             try:
                 _remove_tree(trash)
             except OSError:
-                pass    # prune removes leftover trash
+                pass  # prune removes leftover trash
         return entry
 
     def _offline_message(self, key: str, found: Lookup, hint: str) -> str:
-        why = {"miss": "is not in the cache",
-               "corrupt": f"has a corrupt cache entry ({found.reason})",
-               "unsafe": f"cannot be loaded from the cache ({found.reason})"}[found.status]
-        text = (f"{ENV_OFFLINE}=1 forbids compiling, and the kernel with cache key {key} {why} "
-                f"(cache root {self.root}).")
+        why = {
+            "miss": "is not in the cache",
+            "corrupt": f"has a corrupt cache entry ({found.reason})",
+            "unsafe": f"cannot be loaded from the cache ({found.reason})",
+        }[found.status]
+        text = f"{ENV_OFFLINE}=1 forbids compiling, and the kernel with cache key {key} {why} (cache root {self.root})."
         return f"{text}\n{hint}" if hint else text
 
     # ---- inspection and cleanup (the `jitgemm cache` commands) ----
@@ -703,8 +739,13 @@ class KernelCache:
         check_root(self.root)
         return Path(os.path.realpath(self.root))
 
-    def prune(self, older_than: float | None = None, max_size: int | None = None,
-              dry_run: bool = False, now: float | None = None) -> list[EntryInfo]:
+    def prune(
+        self,
+        older_than: float | None = None,
+        max_size: int | None = None,
+        dry_run: bool = False,
+        now: float | None = None,
+    ) -> list[EntryInfo]:
         """Remove entries unused for `older_than` seconds, then the least recently used ones
         until the entries total at most `max_size` bytes; also stale temporary directories and
         leftovers. Returns the entries removed (or that would be, with `dry_run`)."""
@@ -713,7 +754,7 @@ class KernelCache:
         except FileNotFoundError:
             return []
         now = time.time() if now is None else now
-        entries = sorted(self.entries(), key=lambda e: e.last_used)   # least recently used first
+        entries = sorted(self.entries(), key=lambda e: e.last_used)  # least recently used first
         doomed = [e for e in entries if older_than is not None and now - e.last_used > older_than]
         if max_size is not None:
             kept = [e for e in entries if e not in doomed]
@@ -727,7 +768,7 @@ class KernelCache:
             return doomed
         for e in doomed:
             self._delete(real, e.key)
-            if _is_dir(real / LOCK_DIR):     # never through a link
+            if _is_dir(real / LOCK_DIR):  # never through a link
                 _remove_unheld_lock(real / LOCK_DIR / f"{e.key}.lock")
         for name in _names(real):
             stale_tmp = name.startswith(TMP_PREFIX) and _age(real / name, now) > STALE_TMP_S
@@ -763,7 +804,7 @@ class KernelCache:
             elif name in (LOCK_DIR, FAILED_DIR) or name.startswith(TRASH_PREFIX):
                 self._delete(real, name)
             else:
-                unknown.append(name)   # not ours: a mistyped JITGEMM_CACHE_DIR must not wipe a home dir
+                unknown.append(name)  # not ours: a mistyped JITGEMM_CACHE_DIR must not wipe a home dir
         return removed, unknown
 
     @staticmethod

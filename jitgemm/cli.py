@@ -1,10 +1,11 @@
 """The `jitgemm` command line: precompile shape sets, inspect and clean the cache, explain choices.
 
-    jitgemm precompile [FILE] [--m LIST --n LIST --k LIST] [--dtype ...] [--jobs N] [--dry-run] [--json]
-    jitgemm cache dir | list | show KEY | verify | prune | clear
-    jitgemm env [--json]
-    jitgemm explain M N K [--dtype ...] [--layout ...] [--arch ...] [--num-sms N] [--json]
+jitgemm precompile [FILE] [--m LIST --n LIST --k LIST] [--dtype ...] [--jobs N] [--dry-run] [--json]
+jitgemm cache dir | list | show KEY | verify | prune | clear
+jitgemm env [--json]
+jitgemm explain M N K [--dtype ...] [--layout ...] [--arch ...] [--num-sms N] [--json]
 """
+
 from __future__ import annotations
 
 import csv
@@ -33,7 +34,7 @@ from .problem import INPUT_DTYPES, LAYOUTS, MAX_DIM, OUTPUT_DTYPES, Problem
 from .render import kernel_name
 
 # SM counts assumed when the target arch is not the local GPU's: H100/H200 SXM and B200.
-DEFAULT_ARCH = ARCHS[0]     # the target without a GPU or --arch
+DEFAULT_ARCH = ARCHS[0]  # the target without a GPU or --arch
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -46,13 +47,13 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 @click.pass_context
 def main(ctx: click.Context):
     """JIT-compiled GEMM kernels: precompile shape sets, manage the kernel cache, explain choices."""
-    ctx.with_resource(warnings.catch_warnings())   # restores the warning hooks when the command ends
+    ctx.with_resource(warnings.catch_warnings())  # restores the warning hooks when the command ends
     warnings.showwarning = _show_warning
 
 
 # ---- option types ----
 
-MAX_SIZES = 1_000_000     # sizes one --m/--n/--k list may give, and shapes their combinations
+MAX_SIZES = 1_000_000  # sizes one --m/--n/--k list may give, and shapes their combinations
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -76,7 +77,7 @@ def parse_int_list(text: str) -> list[int]:
         if step < 1 or stop < start:
             raise ValueError(f"range {item!r} needs start <= stop and step >= 1")
         sizes = range(start, stop + 1, step)
-        if len(values) + len(sizes) > MAX_SIZES:    # checked before the range is materialised
+        if len(values) + len(sizes) > MAX_SIZES:  # checked before the range is materialised
             raise ValueError(f"{text!r} gives more than {MAX_SIZES} sizes")
         values.extend(sizes)
     bad = [v for v in values if not 1 <= v <= MAX_DIM]
@@ -105,7 +106,7 @@ def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
     if not match:
         raise ValueError(f"expected a size such as 2G, 500M or 4096 (bytes), got {text!r}")
-    size = int(Fraction(match[1]) * _SIZE_UNITS[match[2]])    # exact: no float overflow
+    size = int(Fraction(match[1]) * _SIZE_UNITS[match[2]])  # exact: no float overflow
     if size >= 1 << 63:
         raise ValueError(f"{text!r} is more than 2^63 - 1 bytes")
     return size
@@ -131,10 +132,11 @@ SIZE = _Parsed("SIZE", parse_size)
 
 # ---- target device ----
 
+
 def _local_gpu():
     try:
         return runtime.device_info(0) if runtime.device_count() > 0 else None
-    except Exception:       # no driver, no device: the CLI works without a GPU
+    except Exception:  # no driver, no device: the CLI works without a GPU
         return None
 
 
@@ -147,8 +149,11 @@ def _target(arch: str | None, num_sms: int | None) -> DeviceSpec:
             arch = gpu.arch
         else:
             arch = DEFAULT_ARCH
-            found = (f"GPU 0 ({gpu.name}) is compute capability {'.'.join(map(str, gpu.compute_capability))}"
-                     if gpu is not None else "no CUDA GPU found")
+            found = (
+                f"GPU 0 ({gpu.name}) is compute capability {'.'.join(map(str, gpu.compute_capability))}"
+                if gpu is not None
+                else "no CUDA GPU found"
+            )
             notes.append(f"{found}; targeting {arch} (choose with --arch)")
     if num_sms is None:
         if gpu is not None and gpu.arch == arch:
@@ -163,21 +168,46 @@ def _target(arch: str | None, num_sms: int | None) -> DeviceSpec:
 
 def _problem_options(func):
     """--dtype, --out-dtype, --layout, --with-c, --arch and --num-sms, shared by precompile and explain."""
-    for option in reversed([
-        click.option("--dtype", type=click.Choice(INPUT_DTYPES), default="bf16", show_default=True,
-                     help="Input element type."),
-        click.option("--out-dtype", type=click.Choice(OUTPUT_DTYPES), default=None,
-                     help="Output element type [default: --dtype]."),
-        click.option("--layout", type=click.Choice(sorted(LAYOUTS)), default="nt", show_default=True,
-                     help="Operand majors, A then B: n = K-major, t = M-major (A) or N-major (B); "
-                          "nt is a @ b with both row-major."),
-        click.option("--with-c", "has_c", is_flag=True,
-                     help="The problems add beta * C in the epilogue (gemm's c= argument)."),
-        click.option("--arch", type=click.Choice(ARCHS), default=None,
-                     help="Target [default: the local GPU, else sm_90a]."),
-        click.option("--num-sms", type=click.IntRange(min=1), default=None,
-                     help="SM count the heuristics plan for [default: the local GPU's, else the arch's usual]."),
-    ]):
+    for option in reversed(
+        [
+            click.option(
+                "--dtype",
+                type=click.Choice(INPUT_DTYPES),
+                default="bf16",
+                show_default=True,
+                help="Input element type.",
+            ),
+            click.option(
+                "--out-dtype",
+                type=click.Choice(OUTPUT_DTYPES),
+                default=None,
+                help="Output element type [default: --dtype].",
+            ),
+            click.option(
+                "--layout",
+                type=click.Choice(sorted(LAYOUTS)),
+                default="nt",
+                show_default=True,
+                help="Operand majors, A then B: n = K-major, t = M-major (A) or N-major (B); "
+                "nt is a @ b with both row-major.",
+            ),
+            click.option(
+                "--with-c",
+                "has_c",
+                is_flag=True,
+                help="The problems add beta * C in the epilogue (gemm's c= argument).",
+            ),
+            click.option(
+                "--arch", type=click.Choice(ARCHS), default=None, help="Target [default: the local GPU, else sm_90a]."
+            ),
+            click.option(
+                "--num-sms",
+                type=click.IntRange(min=1),
+                default=None,
+                help="SM count the heuristics plan for [default: the local GPU's, else the arch's usual].",
+            ),
+        ]
+    ):
         func = option(func)
     return func
 
@@ -188,14 +218,13 @@ def _problem(m, n, k, dtype, out_dtype, layout, has_c=False) -> Problem:
 
 
 def _problem_dict(p: Problem) -> dict:
-    return {"m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype, "out_dtype": p.out_dtype, "layout": p.layout,
-            "c": p.has_c}
+    return {"m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype, "out_dtype": p.out_dtype, "layout": p.layout, "c": p.has_c}
 
 
 # ---- shape files ----
 
 SHAPE_FIELDS = ("m", "n", "k")
-OPTIONAL_FIELDS = ("dtype", "out_dtype", "layout", "c", "name")   # per-shape overrides; name is a label
+OPTIONAL_FIELDS = ("dtype", "out_dtype", "layout", "c", "name")  # per-shape overrides; name is a label
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -207,21 +236,23 @@ class ShapeSpec:
     dtype: str | None = None
     out_dtype: str | None = None
     layout: str | None = None
-    c: bool | None = None         # the problem adds beta * C
+    c: bool | None = None  # the problem adds beta * C
 
 
 def _spec_from_mapping(data: dict, where: str) -> ShapeSpec:
     data = {str(key).strip().lower().replace("-", "_"): value for key, value in data.items()}
     unknown = sorted(set(data) - set(SHAPE_FIELDS) - set(OPTIONAL_FIELDS))
     if unknown:
-        raise ValueError(f"{where}: unknown fields {unknown}; expected m, n, k and optionally "
-                         f"{', '.join(OPTIONAL_FIELDS)}")
+        raise ValueError(
+            f"{where}: unknown fields {unknown}; expected m, n, k and optionally {', '.join(OPTIONAL_FIELDS)}"
+        )
     missing = [f for f in SHAPE_FIELDS if data.get(f) in (None, "")]
     if missing:
         raise ValueError(f"{where}: missing {', '.join(missing)}")
     sizes = [_size(data[f], f"{where}: {f}") for f in SHAPE_FIELDS]
-    extra = {f: (str(data[f]).strip() or None) if data.get(f) is not None else None
-             for f in ("dtype", "out_dtype", "layout")}
+    extra = {
+        f: (str(data[f]).strip() or None) if data.get(f) is not None else None for f in ("dtype", "out_dtype", "layout")
+    }
     return ShapeSpec(*sizes, **extra, c=_flag(data.get("c"), f"{where}: c"))
 
 
@@ -257,7 +288,7 @@ def read_shape_file(path: Path) -> list[ShapeSpec]:
         if isinstance(data, dict) and "shapes" in data:
             data = data["shapes"]
         if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a list of shapes (or {{\"shapes\": [...]}})")
+            raise ValueError(f'{path}: expected a list of shapes (or {{"shapes": [...]}})')
         specs = []
         for i, item in enumerate(data):
             where = f"{path}: shape {i}"
@@ -269,8 +300,11 @@ def read_shape_file(path: Path) -> list[ShapeSpec]:
                 raise ValueError(f"{where}: expected [M, N, K] or an object with m, n, k, got {item!r}")
         return specs
     if suffix == ".csv":
-        rows = [(i, row) for i, row in enumerate(csv.reader(text.splitlines()), 1)
-                if row and not row[0].lstrip().startswith("#")]
+        rows = [
+            (i, row)
+            for i, row in enumerate(csv.reader(text.splitlines()), 1)
+            if row and not row[0].lstrip().startswith("#")
+        ]
         if not rows:
             return []
         header = None
@@ -300,8 +334,9 @@ def read_shape_file(path: Path) -> list[ShapeSpec]:
     return specs
 
 
-def _resolve_specs(specs: list[ShapeSpec], dtype: str, out_dtype: str | None, layout: str,
-                   has_c: bool = False) -> list[Problem]:
+def _resolve_specs(
+    specs: list[ShapeSpec], dtype: str, out_dtype: str | None, layout: str, has_c: bool = False
+) -> list[Problem]:
     problems = []
     for spec in specs:
         d = spec.dtype or dtype
@@ -309,8 +344,17 @@ def _resolve_specs(specs: list[ShapeSpec], dtype: str, out_dtype: str | None, la
         try:
             if lay not in LAYOUTS:
                 raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {lay!r}")
-            problems.append(_problem(spec.m, spec.n, spec.k, d, spec.out_dtype or out_dtype or d, lay,
-                                     has_c if spec.c is None else spec.c))
+            problems.append(
+                _problem(
+                    spec.m,
+                    spec.n,
+                    spec.k,
+                    d,
+                    spec.out_dtype or out_dtype or d,
+                    lay,
+                    has_c if spec.c is None else spec.c,
+                )
+            )
         except ValueError as exc:
             raise ValueError(f"shape {spec.m} {spec.n} {spec.k}: {exc}") from None
     return list(dict.fromkeys(problems))
@@ -318,8 +362,10 @@ def _resolve_specs(specs: list[ShapeSpec], dtype: str, out_dtype: str | None, la
 
 # ---- precompile ----
 
-def _shape_problems(shapes_file, ms, ns, ks, dtype, out_dtype, layout, other_sources: str | None,
-                    has_c: bool = False) -> list[Problem]:
+
+def _shape_problems(
+    shapes_file, ms, ns, ks, dtype, out_dtype, layout, other_sources: str | None, has_c: bool = False
+) -> list[Problem]:
     """The problems of --m/--n/--k (every combination) and SHAPES_FILE; UsageError for a bad
     file or flag, and for no shapes at all unless `other_sources` is None (the command has
     other work, e.g. precompile's --config); `other_sources` ends the "give ..." hint."""
@@ -328,8 +374,10 @@ def _shape_problems(shapes_file, ms, ns, ks, dtype, out_dtype, layout, other_sou
         missing = [name for name, v in given.items() if v is None]
         raise click.UsageError(f"--m, --n and --k go together; missing {', '.join(missing)}")
     if ms is not None and len(ms) * len(ns) * len(ks) > MAX_SIZES:
-        raise click.UsageError(f"--m, --n and --k give {len(ms) * len(ns) * len(ks)} shapes, more than "
-                               f"{MAX_SIZES}; precompile fewer at a time")
+        raise click.UsageError(
+            f"--m, --n and --k give {len(ms) * len(ns) * len(ks)} shapes, more than "
+            f"{MAX_SIZES}; precompile fewer at a time"
+        )
     specs = [ShapeSpec(m, n, k) for m in ms for n in ns for k in ks] if ms is not None else []
     if shapes_file is not None:
         try:
@@ -348,14 +396,20 @@ def _build_one(config: KernelConfig) -> dict:
     start = time.perf_counter()
     try:
         built = kernels.build(config)
-    except Exception as exc:      # reported per kernel; the others still compile
-        return {"status": "error", "error": f"{type(exc).__name__}: {exc}",
-                "seconds": round(time.perf_counter() - start, 4)}
-    result = built.cache
-    return {"status": "hit" if result.hit else "compiled", "key": result.key,
+    except Exception as exc:  # reported per kernel; the others still compile
+        return {
+            "status": "error",
+            "error": f"{type(exc).__name__}: {exc}",
             "seconds": round(time.perf_counter() - start, 4),
-            "compile_seconds": round(result.compile_seconds, 4),
-            "cached": result.path is not None}
+        }
+    result = built.cache
+    return {
+        "status": "hit" if result.hit else "compiled",
+        "key": result.key,
+        "seconds": round(time.perf_counter() - start, 4),
+        "compile_seconds": round(result.compile_seconds, 4),
+        "cached": result.path is not None,
+    }
 
 
 def _lookup_one(cache: KernelCache, config: KernelConfig) -> dict:
@@ -376,23 +430,30 @@ def _lookup_one(cache: KernelCache, config: KernelConfig) -> dict:
 @click.option("--n", "ns", type=INT_LIST, help="N sizes, as for --m.")
 @click.option("--k", "ks", type=INT_LIST, help="K sizes, as for --m.")
 @_problem_options
-@click.option("--config", "configs", multiple=True, metavar="JSON",
-              help="Also build this exact KernelConfig (a JSON object such as `explain --json` prints "
-                   "as \"chosen\"). Repeatable.")
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-              help="Parallel compiles [default: the number of CPUs].")
+@click.option(
+    "--config",
+    "configs",
+    multiple=True,
+    metavar="JSON",
+    help='Also build this exact KernelConfig (a JSON object such as `explain --json` prints as "chosen"). Repeatable.',
+)
+@click.option(
+    "--jobs", "-j", type=click.IntRange(min=1), default=None, help="Parallel compiles [default: the number of CPUs]."
+)
 @click.option("--dry-run", is_flag=True, help="List the distinct kernels and whether they are cached; compile nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
-def precompile(shapes_file, ms, ns, ks, dtype, out_dtype, layout, has_c, arch, num_sms, configs, jobs, dry_run,
-               as_json):
+def precompile(
+    shapes_file, ms, ns, ks, dtype, out_dtype, layout, has_c, arch, num_sms, configs, jobs, dry_run, as_json
+):
     """Compile the kernels a shape set needs into the cache.
 
     Shapes come from --m/--n/--k (every combination) and/or SHAPES_FILE: one `M N K` per line,
     a CSV with an m,n,k header, or a JSON list; file entries may set their own dtype, out_dtype,
     layout and c (true: the problem adds beta * C). A second run of the same set compiles nothing.
     """
-    problems = _shape_problems(shapes_file, ms, ns, ks, dtype, out_dtype, layout,
-                               "a SHAPES_FILE, or --config" if not configs else None, has_c)
+    problems = _shape_problems(
+        shapes_file, ms, ns, ks, dtype, out_dtype, layout, "a SHAPES_FILE, or --config" if not configs else None, has_c
+    )
     exact = []
     for text in configs:
         try:
@@ -404,8 +465,9 @@ def precompile(shapes_file, ms, ns, ks, dtype, out_dtype, layout, has_c, arch, n
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     if offline and not dry_run:
-        raise click.ClickException("JITGEMM_OFFLINE=1 forbids compiling; unset it to precompile "
-                    "(or use --dry-run to list what is missing)")
+        raise click.ClickException(
+            "JITGEMM_OFFLINE=1 forbids compiling; unset it to precompile (or use --dry-run to list what is missing)"
+        )
     device = _target(arch, num_sms) if problems else None
 
     # Map shapes to distinct kernels; a shape the heuristics reject is reported, not fatal.
@@ -428,14 +490,15 @@ def precompile(shapes_file, ms, ns, ks, dtype, out_dtype, layout, has_c, arch, n
         records = _build_all(configs_list, jobs or os.cpu_count() or 1)
     wall = time.perf_counter() - start
     for cfg, record in zip(configs_list, records):
-        record.update(kernel=kernel_name(cfg), config=cfg.to_dict(),
-                      problems=[_problem_dict(p) for p in users[cfg]])
+        record.update(kernel=kernel_name(cfg), config=cfg.to_dict(), problems=[_problem_dict(p) for p in users[cfg]])
     summary = {
-        "arch": device.arch if device else None, "num_sms": device.num_sms if device else None,
-        "cache_root": str(cache.root), "dry_run": dry_run, "shapes": len(problems),
+        "arch": device.arch if device else None,
+        "num_sms": device.num_sms if device else None,
+        "cache_root": str(cache.root),
+        "dry_run": dry_run,
+        "shapes": len(problems),
         "kernels": records,
-        "select_errors": [{"error": e, "problems": [_problem_dict(p) for p in ps]}
-                          for e, ps in select_errors.items()],
+        "select_errors": [{"error": e, "problems": [_problem_dict(p) for p in ps]} for e, ps in select_errors.items()],
         "compiled": sum(r["status"] == "compiled" for r in records),
         "hits": sum(r["status"] == "hit" for r in records),
         "failed": sum(r["status"] == "error" for r in records),
@@ -454,9 +517,12 @@ def precompile(shapes_file, ms, ns, ks, dtype, out_dtype, layout, has_c, arch, n
 def _build_all(configs: list[KernelConfig], jobs: int) -> list[dict]:
     records: list = [None] * len(configs)
     # Threads suffice: NVRTC releases the GIL while it compiles.
-    with ThreadPoolExecutor(max_workers=jobs) as pool, \
-            tqdm(total=len(configs), desc="jitgemm precompile", unit="kernel", file=sys.stderr,
-                 disable=None, leave=False) as bar:
+    with (
+        ThreadPoolExecutor(max_workers=jobs) as pool,
+        tqdm(
+            total=len(configs), desc="jitgemm precompile", unit="kernel", file=sys.stderr, disable=None, leave=False
+        ) as bar,
+    ):
         futures = {pool.submit(_build_one, cfg): i for i, cfg in enumerate(configs)}
         for future in as_completed(futures):
             records[futures[future]] = future.result()
@@ -466,8 +532,9 @@ def _build_all(configs: list[KernelConfig], jobs: int) -> list[dict]:
 
 def _print_precompile(summary: dict, device: DeviceSpec | None) -> None:
     target = f" for {device.arch} ({device.num_sms} SMs)" if device else ""
-    click.echo(f"{summary['shapes']} shapes -> {len(summary['kernels'])} kernels{target}; "
-               f"cache {summary['cache_root']}")
+    click.echo(
+        f"{summary['shapes']} shapes -> {len(summary['kernels'])} kernels{target}; cache {summary['cache_root']}"
+    )
     labels = {"hit": "cached", "miss": "missing"}
     for r in summary["kernels"]:
         status = labels.get(r["status"], r["status"]) if summary["dry_run"] else r["status"]
@@ -481,21 +548,29 @@ def _print_precompile(summary: dict, device: DeviceSpec | None) -> None:
         if r["status"] == "error" or r.get("reason"):
             click.echo("      " + (r.get("error") or r["reason"]).replace("\n", "\n      "), err=True)
     for e in summary["select_errors"]:
-        click.echo(f"error: no kernel for {len(e['problems'])} shape(s), e.g. "
-                   f"{e['problems'][0]['m']} {e['problems'][0]['n']} {e['problems'][0]['k']}: {e['error']}", err=True)
+        click.echo(
+            f"error: no kernel for {len(e['problems'])} shape(s), e.g. "
+            f"{e['problems'][0]['m']} {e['problems'][0]['n']} {e['problems'][0]['k']}: {e['error']}",
+            err=True,
+        )
     if summary["dry_run"]:
         missing = sum(r["status"] != "hit" for r in summary["kernels"])
         click.echo(f"dry run: {missing} to compile, {summary['hits']} already cached")
     else:
         if summary["uncached"]:
-            click.echo(f"error: {summary['uncached']} kernel(s) could not be stored in the cache "
-                       f"(see the warning above)", err=True)
-        click.echo(f"{summary['compiled']} compiled, {summary['hits']} already cached, "
-                   f"{summary['failed']} failed in {summary['wall_seconds']:.2f} s "
-                   f"(choosing the kernels took {summary['select_seconds']:.2f} s)")
+            click.echo(
+                f"error: {summary['uncached']} kernel(s) could not be stored in the cache (see the warning above)",
+                err=True,
+            )
+        click.echo(
+            f"{summary['compiled']} compiled, {summary['hits']} already cached, "
+            f"{summary['failed']} failed in {summary['wall_seconds']:.2f} s "
+            f"(choosing the kernels took {summary['select_seconds']:.2f} s)"
+        )
 
 
 # ---- explain ----
+
 
 @main.command()
 @click.argument("m", type=click.IntRange(min=1, max=MAX_DIM))
@@ -508,7 +583,7 @@ def explain(m, n, k, dtype, out_dtype, layout, has_c, arch, num_sms, as_json):
     others were rejected."""
     try:
         problem = _problem(m, n, k, dtype, out_dtype, layout, has_c)
-    except ValueError as exc:      # M x N beyond what the kernels count
+    except ValueError as exc:  # M x N beyond what the kernels count
         raise click.UsageError(str(exc)) from None
     device = _target(arch, num_sms)
     explain_fn = getattr(heuristics, "explain", None)
@@ -533,12 +608,23 @@ def explain(m, n, k, dtype, out_dtype, layout, has_c, arch, num_sms, as_json):
 @click.option("--n", "ns", type=INT_LIST, help="N sizes, as for --m.")
 @click.option("--k", "ks", type=INT_LIST, help="K sizes, as for --m.")
 @click.option("--dtype", type=click.Choice(INPUT_DTYPES), default="bf16", show_default=True, help="Input element type.")
-@click.option("--out-dtype", type=click.Choice(OUTPUT_DTYPES), default=None,
-              help="Output element type [default: --dtype].")
-@click.option("--layout", type=click.Choice(sorted(LAYOUTS)), default="nt", show_default=True,
-              help="Operand majors, as for precompile.")
-@click.option("--top", type=click.IntRange(min=1, max=32), default=6, show_default=True,
-              help="Modelled candidates to time (each split-K one also unsplit).")
+@click.option(
+    "--out-dtype", type=click.Choice(OUTPUT_DTYPES), default=None, help="Output element type [default: --dtype]."
+)
+@click.option(
+    "--layout",
+    type=click.Choice(sorted(LAYOUTS)),
+    default="nt",
+    show_default=True,
+    help="Operand majors, as for precompile.",
+)
+@click.option(
+    "--top",
+    type=click.IntRange(min=1, max=32),
+    default=6,
+    show_default=True,
+    help="Modelled candidates to time (each split-K one also unsplit).",
+)
 @click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="GPU ordinal.")
 @click.option("--show", is_flag=True, help="List the tuning file's entries; time nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
@@ -559,8 +645,10 @@ def tune(shapes_file, ms, ns, ks, dtype, out_dtype, layout, top, device, show, a
                     click.echo(f"  {prob}: malformed record (ignored by gemm)")
                     continue
                 first = rec.get("heuristics_choice")
-                click.echo(f"  {prob}: {rec.get('name')} {rec.get('us')} us (heuristics: {first}, "
-                           f"{rec.get('times_us', {}).get(first, '?')} us; {rec.get('date')})")
+                click.echo(
+                    f"  {prob}: {rec.get('name')} {rec.get('us')} us (heuristics: {first}, "
+                    f"{rec.get('times_us', {}).get(first, '?')} us; {rec.get('date')})"
+                )
         click.echo(f"{sum(len(r) for r in entries.values())} entries in {tuned.tuning_path()}")
         return
     problems = _shape_problems(shapes_file, ms, ns, ks, dtype, out_dtype, layout, "or a SHAPES_FILE")
@@ -573,13 +661,22 @@ def tune(shapes_file, ms, ns, ks, dtype, out_dtype, layout, top, device, show, a
         except Exception as exc:
             raise click.ClickException(f"tuning {p.describe()} failed: {type(exc).__name__}: {exc}") from None
         first = r.chosen_by_heuristics
-        results.append({"problem": _problem_dict(p), "best": r.best.name, "best_us": round(r.times_us[r.best.name], 3),
-                        "heuristics_choice": first, "heuristics_us": round(r.times_us[first], 3),
-                        "times_us": {k: round(v, 3) for k, v in r.times_us.items()}})
+        results.append(
+            {
+                "problem": _problem_dict(p),
+                "best": r.best.name,
+                "best_us": round(r.times_us[r.best.name], 3),
+                "heuristics_choice": first,
+                "heuristics_us": round(r.times_us[first], 3),
+                "times_us": {k: round(v, 3) for k, v in r.times_us.items()},
+            }
+        )
         if not as_json:
             gain = r.times_us[first] / r.times_us[r.best.name]
-            click.echo(f"{p.describe()}: {r.best.name} {r.times_us[r.best.name]:.2f} us; the heuristics' "
-                       f"{first} {r.times_us[first]:.2f} us ({gain:.3f}x)")
+            click.echo(
+                f"{p.describe()}: {r.best.name} {r.times_us[r.best.name]:.2f} us; the heuristics' "
+                f"{first} {r.times_us[first]:.2f} us ({gain:.3f}x)"
+            )
     if as_json:
         click.echo(json.dumps({"path": str(tuned.tuning_path()), "results": results}, indent=2))
     else:
@@ -640,6 +737,7 @@ def format_explanation(report: dict) -> str:
 
 # ---- cache ----
 
+
 def _human_bytes(n: int) -> str:
     units = ("B", "KiB", "MiB", "GiB", "TiB")
     value, i = float(n), 0
@@ -665,10 +763,19 @@ def _cache_call(fn, *args, **kwargs):
 
 def _entry_dict(e) -> dict:
     meta = e.meta or {}
-    return {"key": e.key, "kernel": e.kernel, "arch": meta.get("arch"), "config": meta.get("config"),
-            "size_bytes": e.size_bytes, "last_used": e.last_used, "created": meta.get("created"),
-            "nvrtc_version": meta.get("nvrtc_version"), "compile_seconds": meta.get("compile_seconds"),
-            "path": str(e.path), "problem": e.problem}
+    return {
+        "key": e.key,
+        "kernel": e.kernel,
+        "arch": meta.get("arch"),
+        "config": meta.get("config"),
+        "size_bytes": e.size_bytes,
+        "last_used": e.last_used,
+        "created": meta.get("created"),
+        "nvrtc_version": meta.get("nvrtc_version"),
+        "compile_seconds": meta.get("compile_seconds"),
+        "path": str(e.path),
+        "problem": e.problem,
+    }
 
 
 @main.group("cache")
@@ -684,8 +791,13 @@ def cache_dir():
 
 @cache_group.command("list")
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--sort", type=click.Choice(["age", "size"]), default="age", show_default=True,
-              help="age: most recently used first; size: largest first.")
+@click.option(
+    "--sort",
+    type=click.Choice(["age", "size"]),
+    default="age",
+    show_default=True,
+    help="age: most recently used first; size: largest first.",
+)
 def cache_list(as_json, sort):
     """List the cache entries."""
     cache = KernelCache()
@@ -696,8 +808,17 @@ def cache_list(as_json, sort):
         entries.sort(key=lambda e: (-e.last_used, e.key))
     total = sum(e.size_bytes for e in entries)
     if as_json:
-        click.echo(json.dumps({"root": str(cache.root), "count": len(entries), "total_bytes": total,
-                               "entries": [_entry_dict(e) for e in entries]}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "root": str(cache.root),
+                    "count": len(entries),
+                    "total_bytes": total,
+                    "entries": [_entry_dict(e) for e in entries],
+                },
+                indent=2,
+            )
+        )
         return
     now = time.time()
     for e in entries:
@@ -722,13 +843,24 @@ def cache_show(key, as_json):
     except (UnsafeError, CorruptEntry, OSError) as exc:
         problem = str(exc)
     files = {}
-    if not e.path.is_symlink() and e.path.is_dir():     # never list through a link
+    if not e.path.is_symlink() and e.path.is_dir():  # never list through a link
         with os.scandir(e.path) as items:
             files = {f.name: f.stat(follow_symlinks=False).st_size for f in items}
     if as_json:
-        click.echo(json.dumps({"key": e.key, "path": str(e.path), "status": "bad" if problem else "ok",
-                               "problem": problem, "files": files, "last_used": e.last_used,
-                               "meta": e.meta}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "key": e.key,
+                    "path": str(e.path),
+                    "status": "bad" if problem else "ok",
+                    "problem": problem,
+                    "files": files,
+                    "last_used": e.last_used,
+                    "meta": e.meta,
+                },
+                indent=2,
+            )
+        )
         return
     click.echo(f"{'key:':16} {e.key}\n{'path:':16} {e.path}\n{'status:':16} {'BAD: ' + problem if problem else 'ok'}")
     for name, size in sorted(files.items()):
@@ -750,9 +882,16 @@ def cache_verify(as_json):
     report = _cache_call(cache.verify)
     bad = [(e, why) for e, why in report if why]
     if as_json:
-        click.echo(json.dumps({"root": str(cache.root), "checked": len(report),
-                               "bad": [{"key": e.key, "kernel": e.kernel, "path": str(e.path), "reason": why}
-                                       for e, why in bad]}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "root": str(cache.root),
+                    "checked": len(report),
+                    "bad": [{"key": e.key, "kernel": e.kernel, "path": str(e.path), "reason": why} for e, why in bad],
+                },
+                indent=2,
+            )
+        )
     else:
         for e, why in bad:
             click.echo(f"BAD  {e.key}  {e.kernel}: {why}")
@@ -763,8 +902,9 @@ def cache_verify(as_json):
 
 @cache_group.command("prune")
 @click.option("--older-than", type=DURATION, default=None, help="Remove entries unused for this long (30d, 12h, ...).")
-@click.option("--max-size", type=SIZE, default=None,
-              help="Then remove the least recently used until this size (2G, 500M).")
+@click.option(
+    "--max-size", type=SIZE, default=None, help="Then remove the least recently used until this size (2G, 500M)."
+)
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 @click.option("--json", "as_json", is_flag=True)
 def cache_prune(older_than, max_size, dry_run, as_json):
@@ -775,8 +915,17 @@ def cache_prune(older_than, max_size, dry_run, as_json):
     removed = _cache_call(cache.prune, older_than=older_than, max_size=max_size, dry_run=dry_run)
     freed = sum(e.size_bytes for e in removed)
     if as_json:
-        click.echo(json.dumps({"root": str(cache.root), "dry_run": dry_run, "freed_bytes": freed,
-                               "removed": [_entry_dict(e) for e in removed]}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "root": str(cache.root),
+                    "dry_run": dry_run,
+                    "freed_bytes": freed,
+                    "removed": [_entry_dict(e) for e in removed],
+                },
+                indent=2,
+            )
+        )
         return
     verb = "would remove" if dry_run else "removed"
     for e in removed:
@@ -791,8 +940,10 @@ def cache_clear(yes):
     cache = KernelCache()
     entries = _cache_call(cache.entries)
     if not yes:
-        click.confirm(f"Delete {len(entries)} entries ({_human_bytes(sum(e.size_bytes for e in entries))}) "
-                      f"under {cache.root}?", abort=True)
+        click.confirm(
+            f"Delete {len(entries)} entries ({_human_bytes(sum(e.size_bytes for e in entries))}) under {cache.root}?",
+            abort=True,
+        )
     removed, unknown = _cache_call(cache.clear)
     click.echo(f"removed {removed} entries from {cache.root}")
     if unknown:
@@ -800,6 +951,7 @@ def cache_clear(yes):
 
 
 # ---- env ----
+
 
 def _driver_version() -> str:
     version = runtime.check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
@@ -809,7 +961,7 @@ def _driver_version() -> str:
 def _try(fn):
     try:
         return fn(), None
-    except Exception as exc:      # every field of `env` is best effort
+    except Exception as exc:  # every field of `env` is best effort
         return None, f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
@@ -821,9 +973,17 @@ def _environment() -> dict:
     gpus = []
     for i in range(runtime.device_count()):
         info, error = _try(lambda i=i: runtime.device_info(i))
-        gpus.append({"ordinal": i, "error": error} if info is None else
-                    {"ordinal": i, "name": info.name, "arch": info.arch, "num_sms": info.num_sms,
-                     "compute_capability": list(info.compute_capability)})
+        gpus.append(
+            {"ordinal": i, "error": error}
+            if info is None
+            else {
+                "ordinal": i,
+                "name": info.name,
+                "arch": info.arch,
+                "num_sms": info.num_sms,
+                "compute_capability": list(info.compute_capability),
+            }
+        )
     try:
         entries = cache.entries()
         status = "ok" if cache.root.exists() else "not created yet"
@@ -833,11 +993,17 @@ def _environment() -> dict:
         "jitgemm": __version__,
         "python": sys.version.split()[0],
         "cuda_bindings": bindings,
-        "nvrtc": nvrtc, "nvrtc_error": nvrtc_error,
-        "driver": driver_version, "driver_error": driver_error,
+        "nvrtc": nvrtc,
+        "nvrtc_error": nvrtc_error,
+        "driver": driver_version,
+        "driver_error": driver_error,
         "gpus": gpus,
-        "cache": {"root": str(cache.root), "status": status, "entries": len(entries),
-                  "bytes": sum(e.size_bytes for e in entries)},
+        "cache": {
+            "root": str(cache.root),
+            "status": status,
+            "entries": len(entries),
+            "bytes": sum(e.size_bytes for e in entries),
+        },
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("JITGEMM_")},
     }
 
@@ -857,7 +1023,7 @@ def env(as_json):
     if not info["gpus"]:
         click.echo("GPUs           none found")
     for g in info["gpus"]:
-        described = (f"{g['name']}, {g['arch']}, {g['num_sms']} SMs" if "name" in g else f"error: {g['error']}")
+        described = f"{g['name']}, {g['arch']}, {g['num_sms']} SMs" if "name" in g else f"error: {g['error']}"
         click.echo(f"GPU {g['ordinal']}          {described}")
     c = info["cache"]
     click.echo(f"cache          {c['root']} ({c['status']}): {c['entries']} entries, {_human_bytes(c['bytes'])}")

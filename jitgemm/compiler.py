@@ -1,4 +1,5 @@
 """NVRTC: CUDA source -> cubin, through cuda-python. The only place that compiles."""
+
 from __future__ import annotations
 
 import functools
@@ -59,8 +60,9 @@ def compile_cubin(source: str, arch: str, name: str = "jitgemm.cu", source_path:
             raise CompileError(f"NVRTC failed to compile {name} for {arch}{where}:\n{log}")
         slow = [w for w in SLOW_KERNEL_WARNINGS if w in log]
         if slow:
-            raise CompileError(f"ptxas warned {slow} for {name} ({arch}): the kernel would be "
-                               f"silently slow{where}:\n{log}")
+            raise CompileError(
+                f"ptxas warned {slow} for {name} ({arch}): the kernel would be silently slow{where}:\n{log}"
+            )
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         _check(err, "nvrtcGetCUBINSize")
         cubin = b" " * size

@@ -1,4 +1,5 @@
 """KernelConfig: every choice a template needs to render one kernel, as one frozen value."""
+
 from __future__ import annotations
 
 import json
@@ -31,21 +32,21 @@ class KernelConfig:
     b_major: str = "N"
     block_m: int = 128
     block_n: int = 128
-    block_k: int = 64           # elements; 128 bytes of K for 16-bit inputs
+    block_k: int = 64  # elements; 128 bytes of K for 16-bit inputs
     num_stages: int = 4
-    num_consumers: int = 2      # math warpgroups (sm90) / MMA consumers (sm100)
-    cluster_size: int = 1       # 1 or 2 CTAs per cluster
-    multicast: str = "none"     # "none", "A" (peers share the A tile) or "B"
-    group_size: int = 8         # L2 raster group, in tiles along the grouped side
-    raster: str = "m"           # "m": groups of block-rows, "n": groups of block-columns
-    has_c: bool = False         # epilogue reads C and computes alpha*acc + beta*C
-    swap_ab: bool = False       # compute D^T = B^T A^T, the user's M on the MMA's N side; the
-                                # tiling fields are then in kernel coordinates (jitgemm.geometry)
-    split_k: int = 1            # >1: up to this many CTAs share a tile's K range (fp32 fix-up)
-    a_rows: int = 0             # >0: rows of A loaded per tile (< block_m for M < block_m decode
-                                # shapes, so TMA does not fill rows past M); 0 = block_m
-    b_tail: bool = False        # N-major B whose block_n is not a multiple of the 128-byte piece:
-                                # load the last columns as a narrower piece (no padding columns)
+    num_consumers: int = 2  # math warpgroups (sm90) / MMA consumers (sm100)
+    cluster_size: int = 1  # 1 or 2 CTAs per cluster
+    multicast: str = "none"  # "none", "A" (peers share the A tile) or "B"
+    group_size: int = 8  # L2 raster group, in tiles along the grouped side
+    raster: str = "m"  # "m": groups of block-rows, "n": groups of block-columns
+    has_c: bool = False  # epilogue reads C and computes alpha*acc + beta*C
+    swap_ab: bool = False  # compute D^T = B^T A^T, the user's M on the MMA's N side; the
+    # tiling fields are then in kernel coordinates (jitgemm.geometry)
+    split_k: int = 1  # >1: up to this many CTAs share a tile's K range (fp32 fix-up)
+    a_rows: int = 0  # >0: rows of A loaded per tile (< block_m for M < block_m decode
+    # shapes, so TMA does not fill rows past M); 0 = block_m
+    b_tail: bool = False  # N-major B whose block_n is not a multiple of the 128-byte piece:
+    # load the last columns as a narrower piece (no padding columns)
 
     def __post_init__(self):
         problems = self.problems()
@@ -56,8 +57,11 @@ class KernelConfig:
         """Structural checks that hold for every arch; arch rules add their own."""
         # Exact types first (1.0 or True is no block size, a list no flag): the checks below
         # compare and multiply the fields.
-        out = [f"{f.name} must be {f.type}, got {type(value).__name__} {value!r}"
-               for f in fields(self) if not _exact(value := getattr(self, f.name), type(f.default))]
+        out = [
+            f"{f.name} must be {f.type}, got {type(value).__name__} {value!r}"
+            for f in fields(self)
+            if not _exact(value := getattr(self, f.name), type(f.default))
+        ]
         if out:
             return out
         if self.arch not in ARCHS:
@@ -71,7 +75,9 @@ class KernelConfig:
         if self.b_major not in B_MAJORS:
             out.append(f"b_major must be one of {B_MAJORS}, got {self.b_major!r}")
         if self.block_k * DTYPE_BYTES.get(self.dtype, 2) != 128:
-            out.append(f"block_k must be 128 bytes of K ({128 // DTYPE_BYTES.get(self.dtype, 2)} elements), got {self.block_k}")
+            out.append(
+                f"block_k must be 128 bytes of K ({128 // DTYPE_BYTES.get(self.dtype, 2)} elements), got {self.block_k}"
+            )
         if self.block_m not in (64, 128, 256):
             out.append(f"block_m must be 64, 128 or 256, got {self.block_m}")
         if not (16 <= self.block_n <= 512 and self.block_n % 16 == 0):
@@ -104,7 +110,7 @@ class KernelConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "KernelConfig":
+    def from_dict(cls, data: dict) -> KernelConfig:
         if not isinstance(data, dict):
             raise ValueError(f"KernelConfig fields must be a mapping (a JSON object), got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
@@ -116,9 +122,11 @@ class KernelConfig:
     @property
     def name(self) -> str:
         """A short, unique, human-readable kernel name (also the CUDA symbol suffix)."""
-        return (f"{self.arch}_{self.dtype}_{self.out_dtype}_{self.a_major}{self.b_major}"
-                f"_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}"
-                f"_c{self.num_consumers}_cl{self.cluster_size}{self.multicast}"
-                f"_g{self.group_size}{self.raster}{'_C' if self.has_c else ''}{'_swap' if self.swap_ab else ''}"
-                f"{f'_sk{self.split_k}' if self.split_k > 1 else ''}{f'_ar{self.a_rows}' if self.a_rows else ''}"
-                f"{'_bt' if self.b_tail else ''}")
+        return (
+            f"{self.arch}_{self.dtype}_{self.out_dtype}_{self.a_major}{self.b_major}"
+            f"_m{self.block_m}n{self.block_n}k{self.block_k}_s{self.num_stages}"
+            f"_c{self.num_consumers}_cl{self.cluster_size}{self.multicast}"
+            f"_g{self.group_size}{self.raster}{'_C' if self.has_c else ''}{'_swap' if self.swap_ab else ''}"
+            f"{f'_sk{self.split_k}' if self.split_k > 1 else ''}{f'_ar{self.a_rows}' if self.a_rows else ''}"
+            f"{'_bt' if self.b_tail else ''}"
+        )

@@ -1,6 +1,7 @@
 """CUDA contexts, in one place: every launch, copy and allocation of jitgemm runs in the device's
 primary context (the one CuPy, torch and the runtime API share), made current for the call and
 the caller's restored after."""
+
 from __future__ import annotations
 
 import contextlib
@@ -23,8 +24,9 @@ def primary(ordinal: int):
             found = _primary.get(ordinal)
             if found is None:
                 dev = runtime.check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
-                found = _primary[ordinal] = runtime.check(driver.cuDevicePrimaryCtxRetain(dev),
-                                                          "cuDevicePrimaryCtxRetain")
+                found = _primary[ordinal] = runtime.check(
+                    driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain"
+                )
     return found
 
 

@@ -8,6 +8,7 @@ A 2-CTA cluster takes a pair of tiles that share one operand tile; a "work unit"
 of one cluster tile (a tile, or a pair); the grid is persistent: at most one CTA per SM, each
 walking work units.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -68,10 +69,11 @@ def covered_extent(size: int, block: int, box: int) -> int:
 @dataclass(frozen=True)
 class Waves:
     """Wave quantisation of `tiles` equal work items over `slots` concurrent workers."""
+
     tiles: int
     slots: int
-    waves: int              # ceil(tiles / slots)
-    last_wave_tiles: int    # tiles in the last wave (== slots when it is full)
+    waves: int  # ceil(tiles / slots)
+    last_wave_tiles: int  # tiles in the last wave (== slots when it is full)
 
     @property
     def last_wave_util(self) -> float:
@@ -129,8 +131,17 @@ def tile_order(num_m: int, num_n: int, raster: str, group: int, pair: str = "non
             yield ((cm, cn),)
 
 
-def raster_footprint(num_m: int, num_n: int, rows_per_m: int, cols_per_n: int, slots: int,
-                     raster: str, group: int, pair: str = "none", max_waves: int = 16) -> float:
+def raster_footprint(
+    num_m: int,
+    num_n: int,
+    rows_per_m: int,
+    cols_per_n: int,
+    slots: int,
+    raster: str,
+    group: int,
+    pair: str = "none",
+    max_waves: int = 16,
+) -> float:
     """Mean L2 working set of one k-block, in operand rows+columns, over the waves of a walk.
 
     A wave is `slots` consecutive cluster tiles (the ones the persistent CTAs hold at once). Its
@@ -155,14 +166,18 @@ def raster_footprint(num_m: int, num_n: int, rows_per_m: int, cols_per_n: int, s
     return sum(sizes) / len(sizes) if sizes else 0.0
 
 
-def choose_raster(num_m: int, num_n: int, rows_per_m: int, cols_per_n: int, slots: int,
-                  pair: str = "none") -> tuple[str, int, float]:
+def choose_raster(
+    num_m: int, num_n: int, rows_per_m: int, cols_per_n: int, slots: int, pair: str = "none"
+) -> tuple[str, int, float]:
     """(raster, group_size, footprint): the walk with the smallest L2 working set.
 
     Groups of 8 or 16 along M or N are tried. Ties go to grouping along the multicast pair's
     side (N for pair "A", else M, as DeepGEMM groups), then to the smaller group.
     """
     preferred = ("n", "m") if pair == "A" else ("m", "n")
-    options = [(raster, group, raster_footprint(num_m, num_n, rows_per_m, cols_per_n, slots, raster, group, pair))
-               for raster in preferred for group in GROUP_SIZES]
-    return min(options, key=lambda option: option[2])     # the first of equal footprints
+    options = [
+        (raster, group, raster_footprint(num_m, num_n, rows_per_m, cols_per_n, slots, raster, group, pair))
+        for raster in preferred
+        for group in GROUP_SIZES
+    ]
+    return min(options, key=lambda option: option[2])  # the first of equal footprints

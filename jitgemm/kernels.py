@@ -1,4 +1,5 @@
 """Config -> compiled, loaded kernel: a per-process table, then the disk cache, then NVRTC."""
+
 from __future__ import annotations
 
 import shlex
@@ -12,15 +13,25 @@ from .config import KernelConfig
 from .problem import Problem
 from .render import kernel_name
 
-__all__ = ["BuiltKernel", "KernelSource", "OfflineError", "build", "default_cache", "get", "is_loaded",
-           "precompile_commands", "prepare"]
+__all__ = [
+    "BuiltKernel",
+    "KernelSource",
+    "OfflineError",
+    "build",
+    "default_cache",
+    "get",
+    "is_loaded",
+    "precompile_commands",
+    "prepare",
+]
 
 
 @dataclass(frozen=True)
 class KernelSource:
     """Everything about a kernel that is known before compiling it."""
+
     config: KernelConfig
-    layout: object         # the arch's KernelLayout
+    layout: object  # the arch's KernelLayout
     name: str
     source: str
     options: tuple
@@ -44,7 +55,7 @@ class BuiltKernel:
 
 
 _default_cache: KernelCache | None = None
-_loaded: dict = {}                 # (config, device ordinal) -> (LoadedKernel, KernelLayout)
+_loaded: dict = {}  # (config, device ordinal) -> (LoadedKernel, KernelLayout)
 _locks: dict = {}
 _table_lock = threading.Lock()
 
@@ -61,24 +72,34 @@ def default_cache() -> KernelCache:
 def prepare(config: KernelConfig) -> KernelSource:
     """Render `config` and collect what its cache key covers; compiles nothing."""
     arch = registry.get(config.arch)
-    return KernelSource(config, arch.layout_of(config), kernel_name(config), arch.render(config),
-                        compiler.options_for(config.arch), compiler.nvrtc_version())
+    return KernelSource(
+        config,
+        arch.layout_of(config),
+        kernel_name(config),
+        arch.render(config),
+        compiler.options_for(config.arch),
+        compiler.nvrtc_version(),
+    )
 
 
 def precompile_commands(config: KernelConfig, problem: Problem | None = None) -> list[str]:
     """Shell commands that put `config`'s kernel in the cache: the exact config, then the shape."""
     commands = [f"jitgemm precompile --config {shlex.quote(config.to_json())}"]
-    if problem is not None and not problem.has_c:     # the shape path has no C epilogue flag
-        commands.append(f"jitgemm precompile --m {problem.m} --n {problem.n} --k {problem.k} "
-                        f"--dtype {problem.dtype} --out-dtype {problem.out_dtype} "
-                        f"--layout {problem.layout} --arch {config.arch}")
+    if problem is not None and not problem.has_c:  # the shape path has no C epilogue flag
+        commands.append(
+            f"jitgemm precompile --m {problem.m} --n {problem.n} --k {problem.k} "
+            f"--dtype {problem.dtype} --out-dtype {problem.out_dtype} "
+            f"--layout {problem.layout} --arch {config.arch}"
+        )
     return commands
 
 
 def _offline_hint(src: KernelSource, problem: Problem | None) -> str:
-    lines = [f"  problem: {problem.describe()}" if problem is not None else "  problem: not given",
-             f"  kernel:  {src.name}",
-             "  build it (where compiling is allowed, with the same JITGEMM_CACHE_DIR) with:"]
+    lines = [
+        f"  problem: {problem.describe()}" if problem is not None else "  problem: not given",
+        f"  kernel:  {src.name}",
+        "  build it (where compiling is allowed, with the same JITGEMM_CACHE_DIR) with:",
+    ]
     lines += [f"    {command}" for command in precompile_commands(src.config, problem)]
     return "\n".join(lines)
 
@@ -91,13 +112,19 @@ def build(config: KernelConfig, cache: KernelCache | None = None, problem: Probl
     src = prepare(config)
 
     def compile_fn(source_path: Path | None):
-        return compiler.compile_cubin(src.source, config.arch, name=f"{src.name}.cu",
-                                      source_path=str(source_path) if source_path else None)
+        return compiler.compile_cubin(
+            src.source, config.arch, name=f"{src.name}.cu", source_path=str(source_path) if source_path else None
+        )
 
     result = (cache or default_cache()).get_or_compile(
-        src.source, config.arch, src.options, src.nvrtc_version,
-        {"config": config.to_dict(), "kernel": src.name}, compile_fn,
-        offline_hint=_offline_hint(src, problem))
+        src.source,
+        config.arch,
+        src.options,
+        src.nvrtc_version,
+        {"config": config.to_dict(), "kernel": src.name},
+        compile_fn,
+        offline_hint=_offline_hint(src, problem),
+    )
     return BuiltKernel(config, src.layout, src.name, result)
 
 
@@ -121,9 +148,14 @@ def get(config: KernelConfig, ordinal: int, problem: Problem | None = None):
         if found is None:
             built = build(config, problem=problem)
             context.make_current(ordinal)
-            kernel = runtime.load_kernel(built.cubin, built.name, built.layout.smem_bytes,
-                                         built.layout.num_threads, config.cluster_size,
-                                         registry.get(config.arch).waits_for_previous_grid)
+            kernel = runtime.load_kernel(
+                built.cubin,
+                built.name,
+                built.layout.smem_bytes,
+                built.layout.num_threads,
+                config.cluster_size,
+                registry.get(config.arch).waits_for_previous_grid,
+            )
             found = (kernel, built.layout)
             _loaded[key] = found
     return found

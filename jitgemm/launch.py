@@ -1,6 +1,7 @@
 """The one launch path: a kernel's parameters packed once per call site (`KernelLaunch`), the
 split-K workspace of each stream or captured graph, and cuLaunchKernelEx in the device's
 primary context."""
+
 from __future__ import annotations
 
 import ctypes
@@ -46,14 +47,19 @@ class _Workspace:
         stream that waits for this one would then never see it launched)."""
         if partial_bytes > self.partial_bytes or counter_bytes > self.counter_bytes:
             cu_stream = driver.CUstream(stream)
-            if self.ptr:   # freed once the earlier launches on this stream are done with it
+            if self.ptr:  # freed once the earlier launches on this stream are done with it
                 runtime.check(driver.cuMemFreeAsync(self.ptr, cu_stream), "cuMemFreeAsync")
             partial_bytes = _round(max(partial_bytes, self.partial_bytes * 3 // 2))
             counter_bytes = _round(max(counter_bytes, self.counter_bytes * 3 // 2))
-            self.ptr = int(runtime.check(driver.cuMemAllocAsync(partial_bytes + counter_bytes, cu_stream),
-                                         "cuMemAllocAsync(split-K workspace)"))
-            runtime.check(driver.cuMemsetD32Async(self.ptr + partial_bytes, 0, counter_bytes // 4, cu_stream),
-                          "cuMemsetD32Async")
+            self.ptr = int(
+                runtime.check(
+                    driver.cuMemAllocAsync(partial_bytes + counter_bytes, cu_stream),
+                    "cuMemAllocAsync(split-K workspace)",
+                )
+            )
+            runtime.check(
+                driver.cuMemsetD32Async(self.ptr + partial_bytes, 0, counter_bytes // 4, cu_stream), "cuMemsetD32Async"
+            )
             self.partial_bytes, self.counter_bytes = partial_bytes, counter_bytes
         return self.ptr, self.ptr + self.partial_bytes
 
@@ -94,9 +100,9 @@ class _GraphWorkspaces:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.live: dict = {}       # (device, capture id, stream) -> [(pointer, partial bytes, counter bytes)]
-        self.tied: list = []       # (semaphore, key) of buffers that go with their graph
-        self.private_streams: dict = {}   # device -> non-blocking stream for allocations
+        self.live: dict = {}  # (device, capture id, stream) -> [(pointer, partial bytes, counter bytes)]
+        self.tied: list = []  # (semaphore, key) of buffers that go with their graph
+        self.private_streams: dict = {}  # device -> non-blocking stream for allocations
 
     def ensure(self, device: int, stream: int, partial_bytes: int, counter_bytes: int) -> tuple:
         cu_stream = driver.CUstream(stream)
@@ -106,7 +112,7 @@ class _GraphWorkspaces:
             buffers = self.live.get(key)
             if buffers is None:
                 self._free_released(device)
-                self._tie_to_graph(graph, key)     # first: if it fails, nothing is recorded
+                self._tie_to_graph(graph, key)  # first: if it fails, nothing is recorded
                 buffers = self.live[key] = []
             found = buffers[-1] if buffers else None
             if found is None or partial_bytes > found[1] or counter_bytes > found[2]:
@@ -120,9 +126,15 @@ class _GraphWorkspaces:
         stream-ordered allocation there neither joins the capture nor synchronises the device."""
         with _relaxed_capture_mode():
             private = driver.CUstream(self._private_stream(device))
-            ptr = int(runtime.check(driver.cuMemAllocAsync(partial_bytes + counter_bytes, private),
-                                    "cuMemAllocAsync(split-K graph workspace)"))
-            runtime.check(driver.cuMemsetD32Async(ptr + partial_bytes, 0, counter_bytes // 4, private), "cuMemsetD32Async")
+            ptr = int(
+                runtime.check(
+                    driver.cuMemAllocAsync(partial_bytes + counter_bytes, private),
+                    "cuMemAllocAsync(split-K graph workspace)",
+                )
+            )
+            runtime.check(
+                driver.cuMemsetD32Async(ptr + partial_bytes, 0, counter_bytes // 4, private), "cuMemsetD32Async"
+            )
             runtime.check(driver.cuStreamSynchronize(private), "cuStreamSynchronize")
         return ptr, partial_bytes, counter_bytes
 
@@ -134,13 +146,21 @@ class _GraphWorkspaces:
 
     def _tie_to_graph(self, graph, key: tuple) -> None:
         sem = _Semaphore.create()
-        if sem is None:          # no POSIX semaphores: the buffers stay for the process
+        if sem is None:  # no POSIX semaphores: the buffers stay for the process
             return
-        obj = runtime.check(driver.cuUserObjectCreate(
-            sem.address, driver.CUhostFn(_Semaphore.post_address()), 1,
-            driver.CUuserObject_flags.CU_USER_OBJECT_NO_DESTRUCTOR_SYNC), "cuUserObjectCreate")
-        runtime.check(driver.cuGraphRetainUserObject(
-            graph, obj, 1, driver.CUuserObjectRetain_flags.CU_GRAPH_USER_OBJECT_MOVE), "cuGraphRetainUserObject")
+        obj = runtime.check(
+            driver.cuUserObjectCreate(
+                sem.address,
+                driver.CUhostFn(_Semaphore.post_address()),
+                1,
+                driver.CUuserObject_flags.CU_USER_OBJECT_NO_DESTRUCTOR_SYNC,
+            ),
+            "cuUserObjectCreate",
+        )
+        runtime.check(
+            driver.cuGraphRetainUserObject(graph, obj, 1, driver.CUuserObjectRetain_flags.CU_GRAPH_USER_OBJECT_MOVE),
+            "cuGraphRetainUserObject",
+        )
         self.tied.append((sem, key))
 
     def _free_released(self, device: int) -> None:
@@ -152,7 +172,7 @@ class _GraphWorkspaces:
                 released.append(key)
             else:
                 still.append((sem, key))
-        self.tied = still          # before freeing: a posted semaphore's memory is gone
+        self.tied = still  # before freeing: a posted semaphore's memory is gone
         if not released:
             return
         with _relaxed_capture_mode():
@@ -166,6 +186,7 @@ class _Semaphore:
     """A POSIX semaphore in libc memory, for libc's sem_post to be called by CUDA on a graph's
     destruction. The memory is not Python's, so a post at interpreter exit cannot touch freed
     memory; it is freed once the post has been seen."""
+
     _libc = None
 
     def __init__(self, address: int):
@@ -188,7 +209,7 @@ class _Semaphore:
         """A new semaphore at zero, or None where libc has no POSIX semaphores."""
         try:
             lib = cls._lib()
-            address = lib.malloc(64)                     # sem_t is 32 bytes on Linux
+            address = lib.malloc(64)  # sem_t is 32 bytes on Linux
             if not address:
                 return None
             if lib.sem_init(address, 0, 0) != 0:
@@ -216,7 +237,9 @@ class _relaxed_capture_mode:
 
     def __enter__(self):
         mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
-        self.previous = runtime.check(driver.cuThreadExchangeStreamCaptureMode(mode), "cuThreadExchangeStreamCaptureMode")
+        self.previous = runtime.check(
+            driver.cuThreadExchangeStreamCaptureMode(mode), "cuThreadExchangeStreamCaptureMode"
+        )
 
     def __exit__(self, *exc):
         runtime.check(driver.cuThreadExchangeStreamCaptureMode(self.previous), "cuThreadExchangeStreamCaptureMode")
@@ -230,11 +253,38 @@ class KernelLaunch:
     order), M, N, K, alpha, beta, and for split-K the workspace and tile-counter pointers
     (filled in at each call: a stream's workspace can grow between calls) and the split count.
     Calling it launches on `stream` in the device's primary context."""
-    __slots__ = ("kernel", "cfg", "maps", "grid", "tiles", "device", "stream", "ctx", "ints", "floats",
-                 "pointers", "splits", "params", "address", "config")
 
-    def __init__(self, kernel: runtime.LoadedKernel, cfg: KernelConfig, problem: Problem, maps: list,
-                 alpha: float, beta: float, grid: int, tiles: int, device: int, stream: int):
+    __slots__ = (
+        "kernel",
+        "cfg",
+        "maps",
+        "grid",
+        "tiles",
+        "device",
+        "stream",
+        "ctx",
+        "ints",
+        "floats",
+        "pointers",
+        "splits",
+        "params",
+        "address",
+        "config",
+    )
+
+    def __init__(
+        self,
+        kernel: runtime.LoadedKernel,
+        cfg: KernelConfig,
+        problem: Problem,
+        maps: list,
+        alpha: float,
+        beta: float,
+        grid: int,
+        tiles: int,
+        device: int,
+        stream: int,
+    ):
         """`tiles`: the CTA tiles of one K split (the split-K workspace holds a partial of each)."""
         self.kernel, self.cfg, self.maps = kernel, cfg, maps
         self.grid, self.tiles, self.device, self.stream = grid, tiles, device, stream
@@ -263,7 +313,7 @@ class KernelLaunch:
                 self._launch()
             else:
                 ws = _workspace(self.device, self.stream)
-                with ws.lock:      # until the launch is queued: no other thread may grow the buffer
+                with ws.lock:  # until the launch is queued: no other thread may grow the buffer
                     self.pointers[:] = ws.ensure(*self.workspace_bytes(), self.stream)
                     self._launch()
 
@@ -271,8 +321,10 @@ class KernelLaunch:
         """(partial bytes, counter bytes) of a split-K launch: an fp32 partial tile per split (whichever
         split finishes last reduces a tile), and two counters per tile and math warpgroup."""
         cfg, tiles = self.cfg, self.tiles
-        return (_round(tiles * self.splits.value * cfg.block_m * cfg.block_n * 4),
-                _round(tiles * cfg.num_consumers * 8))
+        return (
+            _round(tiles * self.splits.value * cfg.block_m * cfg.block_n * 4),
+            _round(tiles * cfg.num_consumers * 8),
+        )
 
     def _launch(self) -> None:
         err = driver.cuLaunchKernelEx(self.config, self.kernel.function, self.address, 0)[0]

@@ -1,4 +1,5 @@
 """The problem a GEMM call poses, as one frozen value that everything downstream reads."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,21 +33,24 @@ class Problem:
     m: int
     n: int
     k: int
-    dtype: str = "bf16"        # input element type, the same for A and B
-    out_dtype: str = "bf16"    # output element type
+    dtype: str = "bf16"  # input element type, the same for A and B
+    out_dtype: str = "bf16"  # output element type
     a_major: str = "K"
     b_major: str = "N"
-    has_c: bool = False        # an addend C (beta * C) is read in the epilogue
+    has_c: bool = False  # an addend C (beta * C) is read in the epilogue
 
     def __post_init__(self):
         for name in ("m", "n", "k"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DIM:
-                raise ValueError(f"Problem.{name} must be an int in [1, {MAX_DIM}] (the kernels index "
-                                 f"in 32 bits), got {value!r}")
+                raise ValueError(
+                    f"Problem.{name} must be an int in [1, {MAX_DIM}] (the kernels index in 32 bits), got {value!r}"
+                )
         if self.m * self.n > MAX_OUTPUT_ELEMENTS:
-            raise ValueError(f"Problem: M x N = {self.m} x {self.n} output elements exceed {MAX_OUTPUT_ELEMENTS} "
-                             f"(2^40; the kernels count tiles in 32 bits)")
+            raise ValueError(
+                f"Problem: M x N = {self.m} x {self.n} output elements exceed {MAX_OUTPUT_ELEMENTS} "
+                f"(2^40; the kernels count tiles in 32 bits)"
+            )
         if self.dtype not in INPUT_DTYPES:
             raise ValueError(f"Problem.dtype must be one of {INPUT_DTYPES}, got {self.dtype!r}")
         if self.out_dtype not in OUTPUT_DTYPES:
@@ -65,5 +69,7 @@ class Problem:
         return 2 * self.m * self.n * self.k
 
     def describe(self) -> str:
-        return (f"M={self.m} N={self.n} K={self.k} {self.dtype}->{self.out_dtype} "
-                f"layout={self.layout} (A {self.a_major}-major, B {self.b_major}-major)")
+        return (
+            f"M={self.m} N={self.n} K={self.k} {self.dtype}->{self.out_dtype} "
+            f"layout={self.layout} (A {self.a_major}-major, B {self.b_major}-major)"
+        )

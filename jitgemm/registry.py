@@ -2,6 +2,7 @@
 backends (`jitgemm.archs`). A backend module is imported on first use, as Triton loads its
 backends, so the heuristics and the rest of the package can ask for one without importing all
 of them up front."""
+
 from __future__ import annotations
 
 import importlib

@@ -1,5 +1,6 @@
 """Rendering: the Jinja environment over templates/ and the kernels' symbol names; each arch
 backend renders its own template (`jitgemm.archs.<arch>.render`)."""
+
 from __future__ import annotations
 
 import functools

@@ -1,4 +1,5 @@
 """CUDA driver plumbing through cuda-python: devices, module load, TMA descriptors, launch configs."""
+
 from __future__ import annotations
 
 import functools
@@ -59,7 +60,7 @@ class DeviceInfo:
         return registry.name_of(self.compute_capability)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_info(ordinal: int) -> DeviceInfo:
     init_driver()
     dev = check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
@@ -73,8 +74,10 @@ def device_info(ordinal: int) -> DeviceInfo:
     return DeviceInfo(
         ordinal=ordinal,
         name=name,
-        compute_capability=(get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
-                            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+        compute_capability=(
+            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+        ),
         num_sms=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
         smem_per_block_optin=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
     )
@@ -88,17 +91,21 @@ class LoadedKernel:
     smem_bytes: int
     num_threads: int
     cluster_size: int
-    waits_for_previous_grid: bool = False   # the kernel calls griddepcontrol.wait (see launch_config)
+    waits_for_previous_grid: bool = False  # the kernel calls griddepcontrol.wait (see launch_config)
 
 
-def load_kernel(cubin: bytes, name: str, smem_bytes: int, num_threads: int, cluster_size: int,
-                waits_for_previous_grid: bool = False) -> LoadedKernel:
+def load_kernel(
+    cubin: bytes, name: str, smem_bytes: int, num_threads: int, cluster_size: int, waits_for_previous_grid: bool = False
+) -> LoadedKernel:
     """Load a cubin into the current context and prepare its kernel for launch."""
     module = check(driver.cuModuleLoadData(cubin), f"cuModuleLoadData({name})")
     function = check(driver.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
-    check(driver.cuFuncSetAttribute(
-        function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
-        f"setting {smem_bytes} bytes of dynamic shared memory for {name}")
+    check(
+        driver.cuFuncSetAttribute(
+            function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes
+        ),
+        f"setting {smem_bytes} bytes of dynamic shared memory for {name}",
+    )
     return LoadedKernel(module, function, name, smem_bytes, num_threads, cluster_size, waits_for_previous_grid)
 
 
@@ -118,32 +125,38 @@ _tensor_maps_lock = threading.Lock()
 TENSOR_MAP_CACHE_SIZE = 4096
 
 
-def tensor_map_2d(dtype: str, ptr: int, inner: int, outer: int, outer_stride_bytes: int,
-                  box: tuple, swizzle: int):
+def tensor_map_2d(dtype: str, ptr: int, inner: int, outer: int, outer_stride_bytes: int, box: tuple, swizzle: int):
     """A 2-D tiled TMA descriptor (reused across calls with the same pointer and geometry)."""
     # TMA's limits, checked here rather than left to the driver's error or a wrapped integer
     if not (1 <= inner <= 1 << 32 and 1 <= outer <= 1 << 32):
         raise ValueError(f"tensor map dims ({inner}, {outer}) must be in [1, 2^32]")
     if not (0 < outer_stride_bytes < 1 << 40 and outer_stride_bytes % 16 == 0) or not 0 <= ptr < 1 << 64 or ptr % 16:
-        raise ValueError(f"tensor map stride {outer_stride_bytes} must be a multiple of 16 below 2^40 and "
-                         f"address {ptr:#x} 16-byte aligned")
+        raise ValueError(
+            f"tensor map stride {outer_stride_bytes} must be a multiple of 16 below 2^40 and "
+            f"address {ptr:#x} 16-byte aligned"
+        )
     key = (dtype, ptr, inner, outer, outer_stride_bytes, box, swizzle)
     with _tensor_maps_lock:
         found = _tensor_maps.get(key)
         if found is not None:
             _tensor_maps.move_to_end(key)
             return found
-    tmap = check(driver.cuTensorMapEncodeTiled(
-        _TMA_DTYPES[dtype], 2, ptr,
-        [driver.cuuint64_t(inner), driver.cuuint64_t(outer)],
-        [driver.cuuint64_t(outer_stride_bytes)],
-        [driver.cuuint32_t(box[0]), driver.cuuint32_t(box[1])],
-        [driver.cuuint32_t(1), driver.cuuint32_t(1)],
-        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        _SWIZZLES[swizzle],
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    ), f"cuTensorMapEncodeTiled(dims=({inner}, {outer}), stride={outer_stride_bytes}, box={box})")
+    tmap = check(
+        driver.cuTensorMapEncodeTiled(
+            _TMA_DTYPES[dtype],
+            2,
+            ptr,
+            [driver.cuuint64_t(inner), driver.cuuint64_t(outer)],
+            [driver.cuuint64_t(outer_stride_bytes)],
+            [driver.cuuint32_t(box[0]), driver.cuuint32_t(box[1])],
+            [driver.cuuint32_t(1), driver.cuuint32_t(1)],
+            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            _SWIZZLES[swizzle],
+            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        ),
+        f"cuTensorMapEncodeTiled(dims=({inner}, {outer}), stride={outer_stride_bytes}, box={box})",
+    )
     with _tensor_maps_lock:
         _tensor_maps[key] = tmap
         if len(_tensor_maps) > TENSOR_MAP_CACHE_SIZE:

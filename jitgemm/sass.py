@@ -2,6 +2,7 @@
 
 Uses the `nvidia-cuda-cuobjdump` / `nvidia-cuda-nvdisasm` wheels (or tools on PATH).
 """
+
 from __future__ import annotations
 
 import os
@@ -17,6 +18,7 @@ def find_tool(name: str) -> str | None:
     """Path of a CUDA binary tool from the nvidia wheels or PATH, or None."""
     try:
         import nvidia
+
         for root in nvidia.__path__:
             for candidate in Path(root).glob(f"*/bin/{name}"):
                 if os.access(candidate, os.X_OK):
@@ -31,9 +33,9 @@ class SassReport:
     sass: str
     registers: int
     stack_bytes: int
-    local_loads: int        # LDL instructions
-    local_stores: int       # STL instructions
-    mma_counts: dict        # opcode -> count, e.g. {"HGMMA": 64}
+    local_loads: int  # LDL instructions
+    local_stores: int  # STL instructions
+    mma_counts: dict  # opcode -> count, e.g. {"HGMMA": 64}
 
     @property
     def spills(self) -> bool:
@@ -55,10 +57,12 @@ def inspect_cubin(cubin: bytes) -> SassReport:
         nvdisasm = find_tool("nvdisasm")
         if nvdisasm:
             env["PATH"] = str(Path(nvdisasm).parent) + os.pathsep + env.get("PATH", "")
-        sass = subprocess.run([tool, "--dump-sass", str(path)], capture_output=True, text=True,
-                              env=env, check=True).stdout
-        res = subprocess.run([tool, "--dump-resource-usage", str(path)], capture_output=True,
-                             text=True, env=env, check=True).stdout
+        sass = subprocess.run(
+            [tool, "--dump-sass", str(path)], capture_output=True, text=True, env=env, check=True
+        ).stdout
+        res = subprocess.run(
+            [tool, "--dump-resource-usage", str(path)], capture_output=True, text=True, env=env, check=True
+        ).stdout
     regs = re.search(r"REG:(\d+)", res)
     stack = re.search(r"STACK:(\d+)", res)
     opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)

@@ -8,6 +8,7 @@ config checks (a newer jitgemm) is ignored; a file that cannot be read, or that 
 trust rules refuse (a symlink, another owner, group- or world-writable), is reported once and
 ignored. Plans `gemm` has already built keep the config they were built with.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,8 +38,9 @@ def device_key(name: str, spec: DeviceSpec) -> str:
 
 
 def problem_key(p: Problem) -> str:
-    return (f"{p.m}x{p.n}x{p.k} {p.dtype}->{p.out_dtype} A {p.a_major}-major B {p.b_major}-major"
-            f"{' +C' if p.has_c else ''}")
+    return (
+        f"{p.m}x{p.n}x{p.k} {p.dtype}->{p.out_dtype} A {p.a_major}-major B {p.b_major}-major{' +C' if p.has_c else ''}"
+    )
 
 
 def tuning_path() -> Path:
@@ -56,7 +58,7 @@ def enabled() -> bool:
     return os.environ.get(ENV_TUNED, "1") != "0"
 
 
-_read_cache: dict = {}          # path -> (file state, entries)
+_read_cache: dict = {}  # path -> (file state, entries)
 _warned: set = set()
 
 
@@ -75,7 +77,7 @@ def read_entries(path: Path | None = None) -> dict:
         st = os.lstat(path)
     except OSError:
         return {}
-    state = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)   # ctime: chmod and chown too
+    state = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)  # ctime: chmod and chown too
     cached = _read_cache.get(path)
     if cached is not None and cached[0] == state:
         return cached[1]
@@ -85,7 +87,7 @@ def read_entries(path: Path | None = None) -> dict:
         if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("devices"), dict):
             raise ValueError(f"not a schema-{SCHEMA} jitgemm tuning file")
         entries = {d: v for d, v in data["devices"].items() if isinstance(v, dict)}
-    except Exception as exc:   # any malformed file (deep nesting too): the heuristics decide
+    except Exception as exc:  # any malformed file (deep nesting too): the heuristics decide
         _warn_once((str(path),) + state, f"jitgemm: ignoring the tuning file {path}: {exc}")
         entries = {}
     _read_cache[path] = (state, entries)
@@ -97,6 +99,7 @@ def write_entry(device: str, problem: str, record: dict, path: Path | None = Non
     unreadable file is replaced). The root must pass the cache's trust checks (UnsafeError)."""
     # imported here: only the tuner writes the file, and the import adds ~40 ms to `import jitgemm`
     import filelock
+
     path = path or tuning_path()
     KernelCache(path.parent).ensure_root()
     with filelock.FileLock(str(path.parent / TUNING_NAMES[1]), timeout=60, mode=0o600):
@@ -105,7 +108,7 @@ def write_entry(device: str, problem: str, record: dict, path: Path | None = Non
             warnings.simplefilter("ignore", TuningWarning)
             devices = {d: dict(v) for d, v in read_entries(path).items()}
         devices.setdefault(device, {})[problem] = record
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)   # mode 0600, never a planted link
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)  # mode 0600, never a planted link
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump({"schema": SCHEMA, "devices": devices}, f, indent=1, sort_keys=True)

@@ -14,11 +14,12 @@ TEST_TIMEOUT_S = float(os.environ.get("JITGEMM_TEST_TIMEOUT", "0"))
 def _gpu_available() -> tuple[bool, str]:
     try:
         from jitgemm import runtime
+
         if runtime.device_count() == 0:
             return False, "no CUDA device"
         major, minor = runtime.device_info(0).compute_capability
         return major == 9, f"device 0 is compute capability {major}.{minor}"
-    except Exception as exc:       # no driver, no libcuda: the GPU tests skip
+    except Exception as exc:  # no driver, no libcuda: the GPU tests skip
         return False, f"{type(exc).__name__}: {exc}"
 
 
@@ -78,7 +79,7 @@ def pytest_terminal_summary(terminalreporter):
 
 def pytest_sessionfinish(session, exitstatus):
     if REQUIRE_GPU and _gpu_passed == 0 and exitstatus == 0:
-        session.exitstatus = 1      # not one GPU test ran: the GPU run proves nothing
+        session.exitstatus = 1  # not one GPU test ran: the GPU run proves nothing
 
 
 @pytest.fixture

@@ -2,20 +2,22 @@
 
 # Unit roundoff of each output dtype: the kernel rounds alpha * acc + beta * c once into it; and
 # half its smallest subnormal, the absolute error of rounding a result that small.
-ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp32": 2.0 ** -24}
-SUBNORMAL_ROUNDOFF = {"bf16": 2.0 ** -134, "fp16": 2.0 ** -25, "fp32": 2.0 ** -150}
-FP32_ROUNDOFF = 2.0 ** -24
+ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
+SUBNORMAL_ROUNDOFF = {"bf16": 2.0**-134, "fp16": 2.0**-25, "fp32": 2.0**-150}
+FP32_ROUNDOFF = 2.0**-24
 GUARD_ROWS, GUARD_COLS = 2, 8
 
 
 def torch_dtype(name):
     import torch
+
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
 def random_operand(rows, cols, dtype, major, gen):
     """A fresh random (rows, cols) tensor, row-major ("row") or a transposed view ("col")."""
     import torch
+
     shape = (rows, cols) if major == "row" else (cols, rows)
     t = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32).to(torch_dtype(dtype))
     return t if major == "row" else t.T
@@ -24,21 +26,24 @@ def random_operand(rows, cols, dtype, major, gen):
 def guarded_out(m, n, dtype):
     """A NaN-filled buffer and an (m, n) view inside it, with a guard band on every side."""
     import torch
+
     width = -(-(n + 2 * GUARD_COLS) // 8) * 8
     buf = torch.full((m + 2 * GUARD_ROWS, width), float("nan"), device="cuda", dtype=torch_dtype(dtype))
-    return buf, buf[GUARD_ROWS:GUARD_ROWS + m, GUARD_COLS:GUARD_COLS + n]
+    return buf, buf[GUARD_ROWS : GUARD_ROWS + m, GUARD_COLS : GUARD_COLS + n]
 
 
 def guard_untouched(buf, m, n) -> bool:
     import torch
+
     mask = torch.ones(buf.shape, dtype=torch.bool, device=buf.device)
-    mask[GUARD_ROWS:GUARD_ROWS + m, GUARD_COLS:GUARD_COLS + n] = False
+    mask[GUARD_ROWS : GUARD_ROWS + m, GUARD_COLS : GUARD_COLS + n] = False
     return bool(torch.isnan(buf[mask].float()).all())
 
 
 def _float64(x, device):
     import numpy as np
     import torch
+
     if isinstance(x, np.ndarray):
         return torch.as_tensor(x.astype(np.float64), device=device)
     return torch.as_tensor(x, device=device).double()
@@ -61,8 +66,12 @@ def worst_error(out, a, b, out_dtype, c=None, alpha=1.0, beta=1.0) -> float:
         ref = ref + beta * c64
         magnitude = magnitude + abs(beta) * c64.abs()
     k = a64.shape[1]
-    bound = (ROUNDOFF[out_dtype] * ref.abs() + SUBNORMAL_ROUNDOFF[out_dtype]
-             + 2 * max(k, 1) * FP32_ROUNDOFF * magnitude + 2.0 ** -40)
+    bound = (
+        ROUNDOFF[out_dtype] * ref.abs()
+        + SUBNORMAL_ROUNDOFF[out_dtype]
+        + 2 * max(k, 1) * FP32_ROUNDOFF * magnitude
+        + 2.0**-40
+    )
     ratio = ((got - ref).abs() / bound).nan_to_num(nan=float("inf"))
     return ratio.max().item() if ratio.numel() else 0.0
 
@@ -83,5 +92,3 @@ def latin_shapes(values):
         for i in range(n):
             shapes.append((values[i], values[(i + shift_n) % n], values[(i + shift_k) % n]))
     return sorted(set(shapes))
-
-

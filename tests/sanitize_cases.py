@@ -1,6 +1,7 @@
 """Representative kernels for compute-sanitizer (.ci/gpu-sanitize): each config of CASES runs once
 on a small problem with several tiles per CTA, checked against float64. Run it once without the
 sanitizer first so that every kernel is compiled and cached (the sanitizer slows NVRTC too)."""
+
 import sys
 import warnings
 from pathlib import Path
@@ -10,22 +11,57 @@ import torch
 import jitgemm
 from jitgemm.config import KernelConfig
 
-sys.path.insert(0, str(Path(__file__).parent))     # python -P leaves the script's folder out
+sys.path.insert(0, str(Path(__file__).parent))  # python -P leaves the script's folder out
 from gpu_helpers import assert_close, guarded_out, random_operand  # noqa: E402
 
 # (name, config knobs, (M, N, K), a layout, b layout, with C)
 CASES = [
     ("two_consumers", dict(block_n=128, num_stages=4), (300, 520, 200), "row", "row", False),
-    ("cluster_multicast_A", dict(block_n=128, num_stages=4, cluster_size=2, multicast="A"), (260, 600, 200), "row", "col", False),
-    ("cluster_multicast_B", dict(block_n=64, num_stages=4, cluster_size=2, multicast="B"), (520, 200, 130), "row", "col", False),
-    ("split_k", dict(block_m=64, num_consumers=1, block_n=64, num_stages=6, split_k=3), (100, 300, 1000), "row", "row", False),
-    ("split_k_cluster", dict(block_n=128, num_stages=4, cluster_size=2, multicast="B", split_k=2), (300, 300, 700), "row", "row", False),
+    (
+        "cluster_multicast_A",
+        dict(block_n=128, num_stages=4, cluster_size=2, multicast="A"),
+        (260, 600, 200),
+        "row",
+        "col",
+        False,
+    ),
+    (
+        "cluster_multicast_B",
+        dict(block_n=64, num_stages=4, cluster_size=2, multicast="B"),
+        (520, 200, 130),
+        "row",
+        "col",
+        False,
+    ),
+    (
+        "split_k",
+        dict(block_m=64, num_consumers=1, block_n=64, num_stages=6, split_k=3),
+        (100, 300, 1000),
+        "row",
+        "row",
+        False,
+    ),
+    (
+        "split_k_cluster",
+        dict(block_n=128, num_stages=4, cluster_size=2, multicast="B", split_k=2),
+        (300, 300, 700),
+        "row",
+        "row",
+        False,
+    ),
     ("swap_ab", dict(block_n=80, num_stages=5, swap_ab=True), (200, 700, 300), "row", "col", False),
     ("c_epilogue", dict(block_n=128, num_stages=4, has_c=True, out_dtype="fp32"), (300, 333, 200), "row", "row", True),
     ("b_tail", dict(block_n=144, num_stages=4, b_tail=True), (300, 500, 200), "row", "row", False),
-    ("decode_a_rows", dict(block_m=64, num_consumers=1, block_n=64, num_stages=8, a_rows=8), (5, 700, 500), "row", "row", False),
+    (
+        "decode_a_rows",
+        dict(block_m=64, num_consumers=1, block_n=64, num_stages=8, a_rows=8),
+        (5, 700, 500),
+        "row",
+        "row",
+        False,
+    ),
 ]
-UNALIGNED = (301, 203, 77)     # K and N odd: the operands are copied, then the kernel runs
+UNALIGNED = (301, 203, 77)  # K and N odd: the operands are copied, then the kernel runs
 
 
 def run() -> None:

@@ -1,4 +1,5 @@
 """CPU tests of the disk cache: keys, publishing, concurrency, integrity, trust and offline mode."""
+
 import errno
 import hashlib
 import json
@@ -17,8 +18,16 @@ import pytest
 
 from jitgemm import cache as cache_mod
 from jitgemm import compiler, kernels
-from jitgemm.cache import (CACHE_SCHEMA, CUBIN_FILE, META_FILE, SOURCE_FILE, CacheWarning, KernelCache,
-                           OfflineError, cache_key)
+from jitgemm.cache import (
+    CACHE_SCHEMA,
+    CUBIN_FILE,
+    META_FILE,
+    SOURCE_FILE,
+    CacheWarning,
+    KernelCache,
+    OfflineError,
+    cache_key,
+)
 from jitgemm.config import KernelConfig
 from jitgemm.problem import Problem
 
@@ -73,19 +82,24 @@ def warm_cache(tmp_cache, seeded):
 def no_compile(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("NVRTC was called")
+
     monkeypatch.setattr(compiler, "compile_cubin", refuse)
 
 
 # ---- keys ----
 
+
 def test_key_is_the_same_across_processes_and_hash_seeds(seeded, tmp_path):
-    script = ("from jitgemm import kernels; from jitgemm.config import KernelConfig; "
-              "print(kernels.prepare(KernelConfig(block_m=64, num_consumers=1, block_n=64, num_stages=4)).key)")
+    script = (
+        "from jitgemm import kernels; from jitgemm.config import KernelConfig; "
+        "print(kernels.prepare(KernelConfig(block_m=64, num_consumers=1, block_n=64, num_stages=4)).key)"
+    )
     keys = set()
     for seed in ("0", "1", "4242"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        out = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
-                             check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
+        )
         keys.add(out.stdout.strip())
     assert keys == {seeded.key}
     assert len(seeded.key) == 64 and int(seeded.key, 16) >= 0
@@ -93,12 +107,17 @@ def test_key_is_the_same_across_processes_and_hash_seeds(seeded, tmp_path):
 
 @pytest.mark.parametrize("change", ["source", "options", "arch", "nvrtc", "schema"])
 def test_key_changes_with_each_input(change):
-    base = dict(source="src", options=("-O3", "--std=c++17"), arch="sm_90a", nvrtc_version="13.0",
-                schema=CACHE_SCHEMA)
+    base = dict(source="src", options=("-O3", "--std=c++17"), arch="sm_90a", nvrtc_version="13.0", schema=CACHE_SCHEMA)
     changed = dict(base)
-    changed.update({"source": {"source": "src "}, "options": {"options": ("-O3",)},
-                    "arch": {"arch": "sm_100a"}, "nvrtc": {"nvrtc_version": "13.1"},
-                    "schema": {"schema": CACHE_SCHEMA + 1}}[change])
+    changed.update(
+        {
+            "source": {"source": "src "},
+            "options": {"options": ("-O3",)},
+            "arch": {"arch": "sm_100a"},
+            "nvrtc": {"nvrtc_version": "13.1"},
+            "schema": {"schema": CACHE_SCHEMA + 1},
+        }[change]
+    )
     assert cache_key(**base) == cache_key(**base)
     assert cache_key(**changed) != cache_key(**base)
 
@@ -125,8 +144,9 @@ def test_kernel_key_follows_nvrtc_version_options_and_schema(monkeypatch):
 
 # ---- entries and publishing ----
 
+
 def test_entry_is_a_private_directory_of_source_cubin_and_json(tmp_cache, seeded):
-    built = kernels.build(SMALL)     # empty root: compiles and publishes
+    built = kernels.build(SMALL)  # empty root: compiles and publishes
     root = tmp_cache
     entry = root / built.cache.key
     assert not built.cache.hit and built.cache.path == entry
@@ -185,8 +205,17 @@ def test_16_processes_publish_one_entry(tmp_cache, tmp_path):
     sync = tmp_path / "sync"
     sync.mkdir()
     env = dict(os.environ, JITGEMM_CACHE_DIR=str(tmp_cache))
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(sync), str(i)], env=env, cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(16)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(sync), str(i)],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(16)
+    ]
     try:
         deadline = time.time() + 240
         while len(list(sync.glob("ready-*"))) < 16:
@@ -249,6 +278,7 @@ def test_a_failed_compile_leaves_its_source_where_the_error_says(tmp_path):
 
 # ---- integrity ----
 
+
 def _truncate(p):
     p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
 
@@ -287,7 +317,7 @@ def test_a_damaged_entry_is_detected_rebuilt_and_reported_once(warm_cache, seede
     assert not built.cache.hit and built.cache.path == entry
     reports = cache_warnings(records)
     assert len(reports) == 1 and seeded.key in str(reports[0].message) and "corrupt" in str(reports[0].message)
-    assert (entry / CUBIN_FILE).read_bytes() == seeded.cubin == built.cubin   # bit-identical rebuild
+    assert (entry / CUBIN_FILE).read_bytes() == seeded.cubin == built.cubin  # bit-identical rebuild
     assert [why for _, why in KernelCache(warm_cache).verify()] == [None]
     assert leftovers(warm_cache) == []
     with warnings.catch_warnings():
@@ -306,6 +336,7 @@ def test_verify_rederives_the_key_from_the_stored_source(warm_cache, seeded):
 
 # ---- trust and unwritable roots ----
 
+
 def _make_group_writable(root):
     root.mkdir(mode=0o700)
     os.chmod(root, 0o770)
@@ -318,8 +349,13 @@ def _make_other_owned(root):
     return f"owned by uid {OTHER_UID}"
 
 
-@pytest.mark.parametrize("make", [pytest.param(_make_group_writable, id="group-writable"),
-                                  pytest.param(_make_other_owned, id="other-owner", marks=AS_ROOT)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(_make_group_writable, id="group-writable"),
+        pytest.param(_make_other_owned, id="other-owner", marks=AS_ROOT),
+    ],
+)
 def test_an_untrusted_root_is_not_used_and_compiles_in_memory(tmp_cache, make):
     why = make(tmp_cache)
     with pytest.warns(CacheWarning) as records:
@@ -349,8 +385,10 @@ def read_only_root(tmp_cache):
         yield tmp_cache
         os.chmod(tmp_cache, 0o700)
         return
-    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(tmp_cache)],
-                                                        capture_output=True).returncode != 0:
+    if (
+        shutil.which("chattr") is None
+        or subprocess.run(["chattr", "+i", str(tmp_cache)], capture_output=True).returncode != 0
+    ):
         pytest.skip("chattr +i is not available here (the mocked read-only tests still run)")
     yield tmp_cache
     subprocess.run(["chattr", "-i", str(tmp_cache)], check=True)
@@ -418,10 +456,15 @@ def _symlinked_entry(entry):
     return "symlink"
 
 
-@pytest.mark.parametrize("make", [pytest.param(_chown_entry, id="other-owner", marks=AS_ROOT),
-                                  pytest.param(_group_writable_cubin, id="group-writable-cubin"),
-                                  pytest.param(_symlinked_cubin, id="symlinked-cubin"),
-                                  pytest.param(_symlinked_entry, id="symlinked-entry")])
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(_chown_entry, id="other-owner", marks=AS_ROOT),
+        pytest.param(_group_writable_cubin, id="group-writable-cubin"),
+        pytest.param(_symlinked_cubin, id="symlinked-cubin"),
+        pytest.param(_symlinked_entry, id="symlinked-entry"),
+    ],
+)
 def test_an_untrusted_entry_is_not_loaded_nor_replaced(tmp_path, make):
     cache = KernelCache(tmp_path / "c")
     good = fake_get(cache, fake_compiler())
@@ -460,6 +503,7 @@ def test_cleanup_refuses_a_symlinked_root(tmp_path):
 
 # ---- offline mode ----
 
+
 def test_offline_miss_names_the_problem_key_and_command(tmp_cache, monkeypatch, no_compile):
     monkeypatch.setenv("JITGEMM_OFFLINE", "1")
     problem = Problem(64, 512, 1024)
@@ -470,7 +514,7 @@ def test_offline_miss_names_the_problem_key_and_command(tmp_cache, monkeypatch, 
     assert kernels.prepare(SMALL).key in text
     assert "jitgemm precompile --config" in text and "--m 64 --n 512 --k 1024" in text
     assert "not in the cache" in text
-    assert not tmp_cache.exists()       # offline never writes either
+    assert not tmp_cache.exists()  # offline never writes either
 
 
 def test_offline_loads_what_is_cached_and_refuses_a_corrupt_entry(warm_cache, seeded, monkeypatch, no_compile):
@@ -490,8 +534,10 @@ def test_offline_variable_is_validated(tmp_cache, monkeypatch):
 
 # ---- the per-process table and import cost ----
 
+
 def test_a_warm_get_does_no_file_io(warm_cache, monkeypatch, no_compile):
     from jitgemm import context, runtime
+
     monkeypatch.setattr(context, "make_current", lambda ordinal: None)
     monkeypatch.setattr(runtime, "load_kernel", lambda cubin, name, *rest: SimpleNamespace(cubin=cubin, name=name))
     monkeypatch.setattr(kernels, "_loaded", {})
@@ -501,6 +547,7 @@ def test_a_warm_get_does_no_file_io(warm_cache, monkeypatch, no_compile):
 
     def no_io(*args, **kwargs):
         raise AssertionError("file I/O on a warm call")
+
     for name in ("open", "lstat", "stat", "scandir"):
         monkeypatch.setattr(os, name, no_io)
     monkeypatch.setattr("builtins.open", no_io)
@@ -525,11 +572,18 @@ def test_cache_dir_variable_moves_the_root(tmp_path, monkeypatch):
 
 # ---- FIFOs, stopped lock holders and concurrent cleanup (issue #16) ----
 
+
 def run_guarded(script: str, *args, timeout=30, env=None):
     """Run `script` in a fresh interpreter; a hang fails the test instead of stalling the run."""
     try:
-        return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
-                              timeout=timeout, env=env, cwd=Path(__file__).parent.parent)
+        return subprocess.run(
+            [sys.executable, "-c", script, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=Path(__file__).parent.parent,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"timed out after {timeout} s (a hang)")
 
@@ -558,9 +612,10 @@ for op in sys.argv[1:]:
 def test_a_fifo_in_place_of_a_cache_file_never_hangs(warm_cache, seeded, where):
     entry = warm_cache / seeded.key
     fifo = {"lock": warm_cache / ".locks" / f"{seeded.key}.lock", "tuned.json": warm_cache / "tuned.json"}.get(
-        where, entry / where)
+        where, entry / where
+    )
     if where == "lock":
-        shutil.rmtree(entry)   # a miss, so that the compile path takes the lock
+        shutil.rmtree(entry)  # a miss, so that the compile path takes the lock
     if fifo.exists():
         fifo.unlink()
     os.mkfifo(fifo, 0o600)
@@ -571,7 +626,7 @@ def test_a_fifo_in_place_of_a_cache_file_never_hangs(warm_cache, seeded, where):
     assert results["list"]["exit"] == 0 and results["show"]["exit"] == 0 and results["clear"]["exit"] == 0
     assert results["verify"]["exit"] == (1 if where in (CUBIN_FILE, META_FILE, SOURCE_FILE) else 0)
     assert results["tuned"]["entries"] == {}
-    assert os.path.lexists(fifo) == (where == "tuned.json")     # clear removes all but the tuning file
+    assert os.path.lexists(fifo) == (where == "tuned.json")  # clear removes all but the tuning file
     assert not entry.exists()
 
     # The load path: the FIFO is a corrupt entry (rebuilt) or an unusable lock (compiled without it).
@@ -627,8 +682,9 @@ def _process_state(pid: int) -> str:
 def test_a_stopped_lock_holder_is_not_waited_for(tmp_path):
     root = tmp_path / "c"
     marker = tmp_path / "compiling"
-    holder = subprocess.Popen([sys.executable, "-c", STOPPED_HOLDER, str(root), str(marker)],
-                              cwd=Path(__file__).parent.parent)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", STOPPED_HOLDER, str(root), str(marker)], cwd=Path(__file__).parent.parent
+    )
     try:
         deadline = time.time() + 60
         while not (marker.exists() and _process_state(holder.pid) == "T"):
@@ -636,15 +692,16 @@ def test_a_stopped_lock_holder_is_not_waited_for(tmp_path):
             time.sleep(0.02)
         out = run_guarded(WAITER, root, timeout=30)
     finally:
-        holder.kill()      # SIGKILL ends a stopped process too
+        holder.kill()  # SIGKILL ends a stopped process too
         holder.wait()
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["seconds"] < 10
     assert bytes.fromhex(result["cubin"]) == b"\x7fELF fake cubin"
     assert result["path"] == str(root / cache_key("// kernel source", ("-O3",), "sm_90a", "13.0"))
-    assert any(f"pid {holder.pid}" in w and "is stopped" in w and "without it" in w
-               for w in result["warnings"]), result["warnings"]
+    assert any(f"pid {holder.pid}" in w and "is stopped" in w and "without it" in w for w in result["warnings"]), (
+        result["warnings"]
+    )
     assert KernelCache(root).verify()[0][1] is None
 
 
@@ -708,9 +765,16 @@ except BaseException:
 def test_concurrent_publish_prune_and_clear_stay_consistent(tmp_path):
     root = tmp_path / "c"
     KernelCache(root).ensure_root()
-    procs = [subprocess.Popen([sys.executable, "-c", CHURN, str(root), str(seed), "6"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
-             for seed in range(6)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHURN, str(root), str(seed), "6"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).parent.parent,
+        )
+        for seed in range(6)
+    ]
     try:
         outputs = [p.communicate(timeout=120) for p in procs]
     finally:

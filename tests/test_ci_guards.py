@@ -1,4 +1,5 @@
 """The guards of the GPU run (.ci/gpu): it fails when no GPU test ran, and a hanging test ends it."""
+
 import os
 import shutil
 import subprocess
@@ -7,10 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import HAS_GPU
 
-GPU_TEST = '''
+GPU_TEST = """
 import pytest
 
 @pytest.mark.gpu
@@ -19,26 +19,32 @@ def test_on_the_gpu():
 
 def test_on_the_cpu():
     pass
-'''
-HANGING_TEST = '''
+"""
+HANGING_TEST = """
 import time
 
 def test_hangs():
     time.sleep(60)
-'''
+"""
 
 
 def _run(tmp_path, source, **env):
     shutil.copy(Path(__file__).parent / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_it.py").write_text(source)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a GPU\n")
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
 
 
 @pytest.mark.skipif(HAS_GPU, reason="a GPU is present: the GPU tests run")
 def test_a_gpu_run_without_a_gpu_fails(tmp_path):
-    assert _run(tmp_path, GPU_TEST).returncode == 0                      # skips, as CI on a CPU does
+    assert _run(tmp_path, GPU_TEST).returncode == 0  # skips, as CI on a CPU does
     required = _run(tmp_path, GPU_TEST, JITGEMM_REQUIRE_GPU="1")
     assert required.returncode != 0 and "JITGEMM_REQUIRE_GPU=1" in required.stdout + required.stderr
 

@@ -1,4 +1,5 @@
 """CPU tests of the `jitgemm` command line: precompile, cache, env and explain, end to end."""
+
 import json
 import os
 import shlex
@@ -63,6 +64,7 @@ def no_gpu(monkeypatch):
 
 # ---- option parsing ----
 
+
 def test_int_lists_and_ranges():
     assert cli.parse_int_list("1,128,4096") == [1, 128, 4096]
     assert cli.parse_int_list("128:512:128") == [128, 256, 384, 512]
@@ -104,7 +106,9 @@ def test_huge_and_malformed_values_are_usage_errors(tmp_cache, no_gpu):
     """Issue 16: each of these raised a traceback (OverflowError, MemoryError, RecursionError...)."""
     nines = "9" * 400
     cases = [
-        (("explain", "1e400", 1, 1), "M"), (("explain", 1, nines, 1), "N"), (("explain", 1, 1, 1 << 31), "K"),
+        (("explain", "1e400", 1, 1), "M"),
+        (("explain", 1, nines, 1), "N"),
+        (("explain", 1, 1, 1 << 31), "K"),
         (("explain", 2_000_000_000, 2_000_000_000, 1), "2^40"),
         (("cache", "prune", "--max-size", "99999999999999999999999999"), "--max-size"),
         (("cache", "prune", "--max-size", nines), "--max-size"),
@@ -131,6 +135,7 @@ def test_shape_files_nested_too_deeply_are_usage_errors(tmp_cache, tmp_path, no_
 
 
 # ---- precompile ----
+
 
 def test_precompile_compiles_once_then_hits(tmp_cache):
     shapes = [(m, 512, 1024) for m in (64, 128)]
@@ -186,13 +191,12 @@ def test_dry_run_maps_a_shape_file_to_distinct_kernels(tmp_cache, tmp_path, fmt)
     assert summary["dry_run"] and summary["shapes"] == len(set(SHAPES))
     assert kernel_configs(summary) == expected_kernels(SHAPES)
     assert {r["status"] for r in summary["kernels"]} == {"miss"}
-    assert not tmp_cache.exists()      # a dry run compiles and writes nothing
+    assert not tmp_cache.exists()  # a dry run compiles and writes nothing
 
 
 def test_shape_file_entries_may_set_dtype_and_layout(tmp_cache, tmp_path):
     path = tmp_path / "shapes.json"
-    path.write_text(json.dumps([{"m": 256, "n": 1024, "k": 512, "dtype": "fp16", "layout": "tn"},
-                                [256, 1024, 512]]))
+    path.write_text(json.dumps([{"m": 256, "n": 1024, "k": 512, "dtype": "fp16", "layout": "tn"}, [256, 1024, 512]]))
     result, summary = invoke_json("precompile", path, "--dry-run", *TARGET)
     assert result.exit_code == 0
     problems = sorted((p["dtype"], p["layout"]) for r in summary["kernels"] for p in r["problems"])
@@ -201,16 +205,19 @@ def test_shape_file_entries_may_set_dtype_and_layout(tmp_cache, tmp_path):
     assert kernel_configs(summary) == want
 
 
-@pytest.mark.parametrize("name,text,message", [
-    ("s.txt", "1 2 3\n4 5\n", "s.txt:2"),
-    ("s.txt", "1 2 x\n", "s.txt:1"),
-    ("s.csv", "m,n,k\n1,2\n", "s.csv:2"),
-    ("s.json", '[{"m": 1, "n": 2, "k": 3, "batch": 4}]', "batch"),
-    ("s.json", '[{"m": 1, "n": 2}]', "missing k"),
-    ("s.json", "{oops", "not valid JSON"),
-    ("s.json", '[{"m": 8, "n": 8, "k": 8, "layout": "xx"}]', "shape 8 8 8: layout"),
-    ("s.json", '[{"m": 8, "n": 8, "k": 9, "dtype": "fp8"}]', "shape 8 8 9: Problem.dtype"),
-])
+@pytest.mark.parametrize(
+    "name,text,message",
+    [
+        ("s.txt", "1 2 3\n4 5\n", "s.txt:2"),
+        ("s.txt", "1 2 x\n", "s.txt:1"),
+        ("s.csv", "m,n,k\n1,2\n", "s.csv:2"),
+        ("s.json", '[{"m": 1, "n": 2, "k": 3, "batch": 4}]', "batch"),
+        ("s.json", '[{"m": 1, "n": 2}]', "missing k"),
+        ("s.json", "{oops", "not valid JSON"),
+        ("s.json", '[{"m": 8, "n": 8, "k": 8, "layout": "xx"}]', "shape 8 8 8: layout"),
+        ("s.json", '[{"m": 8, "n": 8, "k": 9, "dtype": "fp8"}]', "shape 8 8 9: Problem.dtype"),
+    ],
+)
 def test_shape_file_errors_name_the_place(tmp_cache, tmp_path, name, text, message):
     path = tmp_path / name
     path.write_text(text)
@@ -231,8 +238,7 @@ def test_precompile_reports_a_failing_kernel_and_builds_the_rest(tmp_cache, monk
         return real_build(config, cache, problem)
 
     monkeypatch.setattr(kernels, "build", build)
-    result, summary = invoke_json("precompile", "--m", "64,4096", "--n", "512,4096", "--k", "1024,4096",
-                                  *TARGET)
+    result, summary = invoke_json("precompile", "--m", "64,4096", "--n", "512,4096", "--k", "1024,4096", *TARGET)
     assert result.exit_code == 1
     status = {KernelConfig.from_dict(r["config"]): r for r in summary["kernels"]}
     assert status[bad]["status"] == "error" and "boom" in status[bad]["error"]
@@ -281,6 +287,7 @@ def test_the_offline_error_commands_build_the_missing_kernel(tmp_cache, monkeypa
 
 # ---- cache commands ----
 
+
 def test_cache_dir_prints_the_root(tmp_cache):
     assert invoke("cache", "dir").stdout.strip() == str(tmp_cache)
 
@@ -293,7 +300,7 @@ def test_cache_list_sorts_and_reports_json(warm_cache, seeded):
     result, listing = invoke_json("cache", "list")
     assert result.exit_code == 0
     assert listing["root"] == str(warm_cache) and listing["count"] == 2
-    assert [e["key"] for e in listing["entries"]] == [small5, small]        # most recently used first
+    assert [e["key"] for e in listing["entries"]] == [small5, small]  # most recently used first
     assert all(e["size_bytes"] > 0 and e["problem"] is None for e in listing["entries"])
     assert listing["total_bytes"] == sum(e["size_bytes"] for e in listing["entries"])
     assert KernelConfig.from_dict(listing["entries"][1]["config"]) == SMALL
@@ -368,7 +375,7 @@ def test_clear_never_deletes_outside_the_root(warm_cache, seeded, tmp_path):
     outside.mkdir()
     (outside / "precious.txt").write_text("keep me")
     (warm_cache / "link-to-outside").symlink_to(outside, target_is_directory=True)
-    (warm_cache / ("ab" * 32)).symlink_to(outside, target_is_directory=True)       # named like an entry
+    (warm_cache / ("ab" * 32)).symlink_to(outside, target_is_directory=True)  # named like an entry
     (warm_cache / seeded.keys[0] / "evil").symlink_to(outside, target_is_directory=True)
     (warm_cache / "notes.txt").write_text("mine")
 
@@ -406,9 +413,10 @@ def test_prune_does_not_follow_a_symlinked_failed_dir(warm_cache, tmp_path):
 
 # ---- env ----
 
+
 def test_env_reports_versions_cache_and_variables(warm_cache, monkeypatch):
     for name in [name for name in os.environ if name.startswith("JITGEMM_") and name != "JITGEMM_CACHE_DIR"]:
-        monkeypatch.delenv(name)          # e.g. the GPU run's JITGEMM_REQUIRE_GPU
+        monkeypatch.delenv(name)  # e.g. the GPU run's JITGEMM_REQUIRE_GPU
     monkeypatch.setenv("JITGEMM_OFFLINE", "0")
     result, info = invoke_json("env")
     assert result.exit_code == 0
@@ -429,8 +437,10 @@ STUB_REPORT = {
     "problem": {"m": 128, "n": 7168, "k": 2048},
     "device": {"arch": "sm_90a", "num_sms": 100},
     "chosen": SMALL.to_dict(),
-    "candidates": [{"config": SMALL.to_dict(), "cost": 12.5, "waves": 2},
-                   {"config": SMALL5.to_dict(), "cost": 13.25, "waves": 3}],
+    "candidates": [
+        {"config": SMALL.to_dict(), "cost": 12.5, "waves": 2},
+        {"config": SMALL5.to_dict(), "cost": 13.25, "waves": 3},
+    ],
     "rejected": [{"config": "m256n256", "rule": "register budget exceeded"}],
     "model": "stub",
 }
@@ -460,6 +470,7 @@ def test_explain_calls_the_heuristics_and_renders_its_report(monkeypatch, no_gpu
 def test_explain_errors_are_clean(monkeypatch, no_gpu):
     def fails(problem, device, top=5):
         raise ValueError("no heuristics for this")
+
     monkeypatch.setattr(heuristics, "explain", fails, raising=False)
     result = invoke("explain", 1, 2, 3)
     assert result.exit_code == 1 and "no heuristics for this" in result.stderr
@@ -482,13 +493,16 @@ def test_explain_with_the_real_heuristics():
 
 # ---- the installed console script ----
 
+
 def test_console_script_end_to_end(tmp_cache, tmp_path):
     exe = shutil.which("jitgemm")
     base = [exe] if exe else [sys.executable, "-m", "jitgemm.cli"]
     env = dict(os.environ, JITGEMM_CACHE_DIR=str(tmp_cache))
+
     # cwd away from the checkout, whose jitgemm/ would shadow the installed package
-    run = lambda *args: subprocess.run(base + list(args), env=env, cwd=tmp_path, capture_output=True,
-                                       text=True, timeout=300)
+    def run(*args):
+        return subprocess.run(base + list(args), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
     out = run("precompile", "--m", "64", "--n", "512", "--k", "1024", *TARGET, "--json")
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
@@ -501,15 +515,27 @@ def test_console_script_end_to_end(tmp_cache, tmp_path):
 def test_problems_with_c_from_the_flag_and_the_shape_file(tmp_cache, tmp_path):
     # kernels for gemm(..., c=...) add beta * C in the epilogue: a deployment must be able to build them
     shapes = tmp_path / "shapes.json"
-    shapes.write_text(json.dumps([{"m": 128, "n": 4096, "k": 7168, "c": True}, {"m": 128, "n": 4096, "k": 7168, "c": "no"},
-                                  {"m": 256, "n": 4096, "k": 7168}]))
+    shapes.write_text(
+        json.dumps(
+            [
+                {"m": 128, "n": 4096, "k": 7168, "c": True},
+                {"m": 128, "n": 4096, "k": 7168, "c": "no"},
+                {"m": 256, "n": 4096, "k": 7168},
+            ]
+        )
+    )
     result, summary = invoke_json("precompile", shapes, "--dry-run", "--arch", "sm_90a", "--num-sms", 132)
     assert result.exit_code == 0
     with_c = {p["m"]: p["c"] for kernel in summary["kernels"] for p in kernel["problems"] if p["c"]}
-    assert with_c == {128: True} and all(("C" in k["kernel"].split("_")) == k["config"]["has_c"] for k in summary["kernels"])
+    assert with_c == {128: True} and all(
+        ("C" in k["kernel"].split("_")) == k["config"]["has_c"] for k in summary["kernels"]
+    )
     result, summary = invoke_json("precompile", shapes, "--with-c", "--dry-run", "--arch", "sm_90a", "--num-sms", 132)
-    assert sorted((p["m"], p["c"]) for kernel in summary["kernels"] for p in kernel["problems"]) == \
-        [(128, False), (128, True), (256, True)]      # the file's own "c" wins over the flag
+    assert sorted((p["m"], p["c"]) for kernel in summary["kernels"] for p in kernel["problems"]) == [
+        (128, False),
+        (128, True),
+        (256, True),
+    ]  # the file's own "c" wins over the flag
     result, report = invoke_json("explain", 128, 4096, 7168, "--with-c", "--arch", "sm_90a", "--num-sms", 132)
     assert result.exit_code == 0 and report["chosen"]["has_c"]
     shapes.write_text(json.dumps([{"m": 1, "n": 2, "k": 3, "c": "maybe"}]))

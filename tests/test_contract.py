@@ -5,6 +5,7 @@ derived from the fake pointer (the one driver query gemm makes for such arrays i
 Every step of gemm that would touch the GPU is replaced by a tripwire, so a bad input must be
 rejected with TypeError/ValueError before any of them; valid inputs must reach the tripwire.
 """
+
 import contextlib
 import ctypes
 import gc
@@ -18,8 +19,8 @@ from jitgemm import api, arrays, launch
 from jitgemm.arrays import dlpack, readers
 from jitgemm.heuristics import DeviceSpec
 
-DEVICE_BITS = 44          # fake pointers: device ordinal in the bits above this
-HUGE_PTR = (1 << 44) + (1 << 43)   # a fake pointer on device 0 for arrays too large for fake_ptr
+DEVICE_BITS = 44  # fake pointers: device ordinal in the bits above this
+HUGE_PTR = (1 << 44) + (1 << 43)  # a fake pointer on device 0 for arrays too large for fake_ptr
 
 
 class ReachedGPU(Exception):
@@ -42,21 +43,30 @@ def fake_ptr(device: int, nbytes: int) -> int:
 
 class FakeCAI:
     """A device array as seen through ``__cuda_array_interface__`` only."""
+
     TYPESTR = {"fp16": "<f2", "fp32": "<f4", "f64": "<f8", "i8": "|i1", "bf16": "<V2"}
     ITEMSIZE = {"fp16": 2, "fp32": 4, "f64": 8, "i8": 1, "bf16": 2}
 
     def __init__(self, shape, dtype="fp16", strides=None, device=0, ptr=None, **extra):
         itemsize = self.ITEMSIZE[dtype]
         if ptr is None:
-            span = itemsize * (1 + sum((n - 1) * abs(s) for n, s in zip(shape, strides))) if strides \
+            span = (
+                itemsize * (1 + sum((n - 1) * abs(s) for n, s in zip(shape, strides)))
+                if strides
                 else itemsize * int(np.prod(shape))
+            )
             ptr = fake_ptr(device, span)
         self.dtype = "bfloat16" if dtype == "bf16" else None
         self.ptr, self.shape, self.itemsize = ptr, tuple(shape), itemsize
         self.__cuda_array_interface__ = {
-            "shape": tuple(shape), "typestr": self.TYPESTR[dtype], "data": (ptr, False),
+            "shape": tuple(shape),
+            "typestr": self.TYPESTR[dtype],
+            "data": (ptr, False),
             "strides": None if strides is None else tuple(s * itemsize for s in strides),
-            "version": 3, "stream": None, **extra}
+            "version": 3,
+            "stream": None,
+            **extra,
+        }
 
     def window(self, offset_elements, shape, strides, dtype="fp16"):
         """Another fake viewing this one's memory."""
@@ -69,6 +79,7 @@ class Opaque:
 
 class Hostile:
     """Every attribute lookup raises something other than AttributeError."""
+
     def __getattr__(self, name):
         raise RuntimeError(f"no {name} for you")
 
@@ -89,7 +100,7 @@ class HostileDLPack:
 
 @pytest.fixture(autouse=True)
 def cpu_only(monkeypatch):
-    monkeypatch.setenv("JITGEMM_TUNED", "0")     # a tuning file would ask the driver for the device name
+    monkeypatch.setenv("JITGEMM_TUNED", "0")  # a tuning file would ask the driver for the device name
     monkeypatch.setattr(readers, "pointer_device", lambda ptr: (ptr >> DEVICE_BITS) - 1)
     monkeypatch.setattr(api, "device_spec", lambda ordinal: DeviceSpec("sm_90a", 132))
     for name in ("on_device", "current_device"):
@@ -136,8 +147,12 @@ BAD = [
     ("b-3d", lambda: base(b=dev((2, K, N))), ValueError, ["b:", "2-D", "3-D"]),
     ("out-1d", lambda: base(out=dev((M * N,))), ValueError, ["out:", "2-D", "1-D"]),
     ("inner-mismatch", lambda: base(b=dev((K + 1, N))), ValueError, ["b:", f"({K}, N)", f"({K + 1}, {N})"]),
-    ("a-float32", lambda: base(a=dev((M, K), "fp32"), b=dev((K, N), "fp32")), TypeError,
-     ["a:", "bfloat16 or float16", "float32"]),
+    (
+        "a-float32",
+        lambda: base(a=dev((M, K), "fp32"), b=dev((K, N), "fp32")),
+        TypeError,
+        ["a:", "bfloat16 or float16", "float32"],
+    ),
     ("a-float64", lambda: base(a=dev((M, K), "f64")), TypeError, ["a:", "unsupported dtype", "<f8"]),
     ("b-int8", lambda: base(b=dev((K, N), "i8")), TypeError, ["b:", "unsupported dtype", "|i1"]),
     ("mixed-dtypes", lambda: base(b=dev((K, N), "bf16")), TypeError, ["b:", "float16", "bfloat16"]),
@@ -146,38 +161,71 @@ BAD = [
     ("c-other-device", lambda: base(c=dev((M, N), device=2)), ValueError, ["c:", "device 0", "device 2"]),
     ("host-a-device-b", lambda: base(a=host((M, K))), ValueError, ["b:", "NumPy host array like a", "device array"]),
     ("device-a-host-b", lambda: base(b=host((K, N))), ValueError, ["b:", "device array like a", "NumPy"]),
-    ("host-ab-device-out", lambda: base(a=host((M, K)), b=host((K, N)), out=dev((M, N))), ValueError,
-     ["out:", "NumPy host array"]),
+    (
+        "host-ab-device-out",
+        lambda: base(a=host((M, K)), b=host((K, N)), out=dev((M, N))),
+        ValueError,
+        ["out:", "NumPy host array"],
+    ),
     ("device-ab-host-c", lambda: base(c=host((M, N))), ValueError, ["c:", "device array like a"]),
     ("out-shape", lambda: base(out=dev((M, N + 1))), ValueError, ["out:", f"({M}, {N})", f"({M}, {N + 1})"]),
     ("out-dtype", lambda: base(out=dev((M, N), "bf16")), TypeError, ["out:", "float16", "float32", "bfloat16"]),
-    ("out-vs-out_dtype", lambda: base(out=dev((M, N)), out_dtype="float32"), TypeError,
-     ["out:", "float32 (out_dtype)", "float16"]),
-    ("out-readonly", lambda: base(out=FakeCAI((M, N), data=(fake_ptr(0, M * N * 2), True))), ValueError,
-     ["out:", "writable", "read-only"]),
+    (
+        "out-vs-out_dtype",
+        lambda: base(out=dev((M, N)), out_dtype="float32"),
+        TypeError,
+        ["out:", "float32 (out_dtype)", "float16"],
+    ),
+    (
+        "out-readonly",
+        lambda: base(out=FakeCAI((M, N), data=(fake_ptr(0, M * N * 2), True))),
+        ValueError,
+        ["out:", "writable", "read-only"],
+    ),
     ("c-shape", lambda: base(c=dev((N, M))), ValueError, ["c:", f"({M}, {N})", f"({N}, {M})"]),
     ("c-dtype", lambda: base(c=dev((M, N), "fp32")), TypeError, ["c:", "float16 (the output dtype)", "float32"]),
-    ("c-dtype-vs-out", lambda: base(out=dev((M, N), "fp32"), c=dev((M, N))), TypeError,
-     ["c:", "float32 (the output dtype)", "float16"]),
+    (
+        "c-dtype-vs-out",
+        lambda: base(out=dev((M, N), "fp32"), c=dev((M, N))),
+        TypeError,
+        ["c:", "float32 (the output dtype)", "float16"],
+    ),
     ("out-overlaps-a", lambda: base(**overlapping_out()), ValueError, ["out:", "overlaps a"]),
-    ("out-is-b", lambda: (lambda b: base(a=dev((K, K)), b=b, out=b))(dev((K, K))), ValueError,
-     ["out:", "overlaps b"]),
-    ("out-partly-c", lambda: (lambda buf: base(c=buf.window(0, (M, N), (N + 8, 1)),
-                                               out=buf.window(8, (M, N), (N + 8, 1))))(dev((M, N + 8))),
-     ValueError, ["out:", "partially overlaps c", "out=c"]),
+    ("out-is-b", lambda: (lambda b: base(a=dev((K, K)), b=b, out=b))(dev((K, K))), ValueError, ["out:", "overlaps b"]),
+    (
+        "out-partly-c",
+        lambda: (lambda buf: base(c=buf.window(0, (M, N), (N + 8, 1)), out=buf.window(8, (M, N), (N + 8, 1))))(
+            dev((M, N + 8))
+        ),
+        ValueError,
+        ["out:", "partially overlaps c", "out=c"],
+    ),
     ("a-broadcast", lambda: base(a=dev((M, K), strides=(0, 1))), ValueError, ["a:", "positive", "(0, 1)", "broadcast"]),
     ("b-reversed", lambda: base(b=dev((K, N), strides=(-N, 1))), ValueError, ["b:", "positive", f"(-{N}, 1)"]),
     ("c-broadcast-cols", lambda: base(c=dev((M, N), strides=(1, 0))), ValueError, ["c:", "positive"]),
-    ("out-odd-strides", lambda: base(out=_byte_strides(dev((M, N)), (2 * N + 1, 2))),
-     ValueError, ["out:", "multiples of the element size", f"({2 * N + 1}, 2) bytes"]),
-    ("cai-no-data", lambda: base(a=type("Bad", (), {"__cuda_array_interface__": {"shape": (M, K)}})()),
-     TypeError, ["a:", "'shape', 'typestr' and 'data'"]),
+    (
+        "out-odd-strides",
+        lambda: base(out=_byte_strides(dev((M, N)), (2 * N + 1, 2))),
+        ValueError,
+        ["out:", "multiples of the element size", f"({2 * N + 1}, 2) bytes"],
+    ),
+    (
+        "cai-no-data",
+        lambda: base(a=type("Bad", (), {"__cuda_array_interface__": {"shape": (M, K)}})()),
+        TypeError,
+        ["a:", "'shape', 'typestr' and 'data'"],
+    ),
     ("cai-version", lambda: base(b=FakeCAI((K, N), version=7)), ValueError, ["b:", "version 7"]),
     ("cai-mask", lambda: base(b=FakeCAI((K, N), mask=object())), ValueError, ["b:", "mask"]),
     ("cai-stream-0", lambda: base(a=FakeCAI((M, K), stream=0)), ValueError, ["a:", "'stream' must not be 0"]),
-    ("dlpack-host", lambda: base(b=type("HostDL", (), {"__dlpack__": lambda self, **kw: None,
-                                                        "__dlpack_device__": lambda self: (1, 0)})()),
-     ValueError, ["b:", "DLPack device type 1", "not CUDA memory"]),
+    (
+        "dlpack-host",
+        lambda: base(
+            b=type("HostDL", (), {"__dlpack__": lambda self, **kw: None, "__dlpack_device__": lambda self: (1, 0)})()
+        ),
+        ValueError,
+        ["b:", "DLPack device type 1", "not CUDA memory"],
+    ),
     ("out_dtype-int8", lambda: base(out_dtype="int8"), TypeError, ["out_dtype:", "float16", "float32", "'int8'"]),
     ("out_dtype-other-half", lambda: base(out_dtype="bfloat16"), TypeError, ["out_dtype:", "float16", "'bfloat16'"]),
     ("alpha-str", lambda: base(alpha="2"), TypeError, ["alpha:", "real number", "'2'"]),
@@ -191,31 +239,63 @@ BAD = [
     ("a-rows-2^31", lambda: base(a=dev((1 << 31, K), ptr=HUGE_PTR)), ValueError, ["a:", "dimension 0", "32-bit"]),
     ("b-cols-2^31", lambda: base(b=dev((K, 1 << 31), ptr=HUGE_PTR)), ValueError, ["b:", "dimension 1", "32-bit"]),
     ("k-2^32", lambda: base(a=dev((M, 1 << 32), ptr=HUGE_PTR)), ValueError, ["a:", "dimension 1"]),
-    ("output-2^40", lambda: base(a=dev((1 << 21, 8), ptr=HUGE_PTR), b=dev((8, (1 << 19) + 8), ptr=HUGE_PTR)),
-     ValueError, ["b:", "output elements", "2^40"]),
-    ("a-stride-2^50", lambda: base(a=dev((M, K), strides=(1 << 50, 1), ptr=HUGE_PTR)), ValueError,
-     ["a:", "spans", "bytes"]),
+    (
+        "output-2^40",
+        lambda: base(a=dev((1 << 21, 8), ptr=HUGE_PTR), b=dev((8, (1 << 19) + 8), ptr=HUGE_PTR)),
+        ValueError,
+        ["b:", "output elements", "2^40"],
+    ),
+    (
+        "a-stride-2^50",
+        lambda: base(a=dev((M, K), strides=(1 << 50, 1), ptr=HUGE_PTR)),
+        ValueError,
+        ["a:", "spans", "bytes"],
+    ),
     ("b-past-2^64", lambda: base(b=dev((K, N), ptr=(1 << 64) - 64)), ValueError, ["b:", "64-bit address space"]),
     # non-native byte order: the bytes would be read as little-endian (issue 16)
-    ("numpy-big-endian-a", lambda: base(a=host((M, K), ">f2"), b=host((K, N))), TypeError,
-     ["a:", "float16", "non-native byte order", "'>f2'"]),
+    (
+        "numpy-big-endian-a",
+        lambda: base(a=host((M, K), ">f2"), b=host((K, N))),
+        TypeError,
+        ["a:", "float16", "non-native byte order", "'>f2'"],
+    ),
     ("numpy-big-endian-b", lambda: base(a=host((M, K)), b=host((K, N), ">f2")), TypeError, ["b:", "non-native"]),
-    ("numpy-big-endian-out", lambda: base(a=host((M, K)), b=host((K, N)), out=host((M, N), ">f4")), TypeError,
-     ["out:", "non-native"]),
-    ("numpy-big-endian-c", lambda: base(a=host((M, K)), b=host((K, N)), c=host((M, N), ">f2")), TypeError,
-     ["c:", "non-native"]),
+    (
+        "numpy-big-endian-out",
+        lambda: base(a=host((M, K)), b=host((K, N)), out=host((M, N), ">f4")),
+        TypeError,
+        ["out:", "non-native"],
+    ),
+    (
+        "numpy-big-endian-c",
+        lambda: base(a=host((M, K)), b=host((K, N)), c=host((M, N), ">f2")),
+        TypeError,
+        ["c:", "non-native"],
+    ),
     ("cai-big-endian-f2", lambda: base(a=_typestr(dev((M, K)), ">f2")), TypeError, ["a:", "big-endian", "'>f2'"]),
     ("cai-big-endian-u2", lambda: base(b=_typestr(dev((K, N)), ">u2")), TypeError, ["b:", "big-endian", "'>u2'"]),
-    ("cai-big-endian-bf16", lambda: base(a=_typestr(dev((M, K), "bf16"), ">V2"), b=dev((K, N), "bf16")), TypeError,
-     ["a:", "big-endian"]),
+    (
+        "cai-big-endian-bf16",
+        lambda: base(a=_typestr(dev((M, K), "bf16"), ">V2"), b=dev((K, N), "bf16")),
+        TypeError,
+        ["a:", "big-endian"],
+    ),
     # hostile objects, malformed interfaces, scalars that overflow (issue 16)
     ("a-getattr-raises", lambda: base(a=Hostile()), TypeError, ["a:", "got Hostile"]),
     ("b-cai-property-raises", lambda: base(b=HostileCAI()), TypeError, ["b:", "got HostileCAI"]),
     ("c-dlpack-device-raises", lambda: base(c=HostileDLPack()), TypeError, ["c:", "__dlpack_device__"]),
-    ("cai-strides-1-entry", lambda: base(a=_byte_strides(dev((M, K)), (2,))), ValueError,
-     ["a:", "'strides'", "one entry per dimension"]),
-    ("cai-strides-floats", lambda: base(b=_byte_strides(dev((K, N)), (2.0 * N, 2.0))), TypeError,
-     ["b:", "'strides'", "tuple of ints"]),
+    (
+        "cai-strides-1-entry",
+        lambda: base(a=_byte_strides(dev((M, K)), (2,))),
+        ValueError,
+        ["a:", "'strides'", "one entry per dimension"],
+    ),
+    (
+        "cai-strides-floats",
+        lambda: base(b=_byte_strides(dev((K, N)), (2.0 * N, 2.0))),
+        TypeError,
+        ["b:", "'strides'", "tuple of ints"],
+    ),
     ("cai-strides-2^70", lambda: base(a=_byte_strides(dev((M, K)), (1 << 70, 2))), ValueError, ["a:", "spans"]),
     ("cai-shape-negative", lambda: base(a=_cai(dev((M, K)), shape=(-M, K))), ValueError, ["a:", "negative"]),
     ("cai-shape-float", lambda: base(a=_cai(dev((M, K)), shape=(float(M), K))), TypeError, ["a:", "'shape'"]),
@@ -230,24 +310,44 @@ BAD = [
     ("cai-stream-true", lambda: base(a=FakeCAI((M, K), stream=True)), TypeError, ["a:", "'stream'", "True"]),
     ("cai-stream-float", lambda: base(out=FakeCAI((M, N), stream=1.5)), TypeError, ["out:", "'stream'"]),
     ("cai-version-true", lambda: base(b=FakeCAI((K, N), version=True)), ValueError, ["b:", "version True"]),
-    ("alpha-10^400", lambda: base(alpha=10 ** 400), ValueError, ["alpha:", "finite", "float32"]),
+    ("alpha-10^400", lambda: base(alpha=10**400), ValueError, ["alpha:", "finite", "float32"]),
     ("beta-1e39", lambda: base(beta=-1e39), ValueError, ["beta:", "float32"]),
     ("alpha-nan", lambda: base(alpha=float("nan")), ValueError, ["alpha:", "finite"]),
     ("beta-inf", lambda: base(beta=np.inf), ValueError, ["beta:", "finite"]),
     ("stream-true", lambda: base(stream=True), TypeError, ["stream:", "True"]),
     ("stream-2^64", lambda: base(stream=1 << 64), TypeError, ["stream:", "2^64"]),
     ("stream-protocol-raises", lambda: base(stream=Hostile()), TypeError, ["stream:", "could not be read"]),
-    ("stream-protocol-huge", lambda: base(stream=type("S", (), {"__cuda_stream__": lambda self: (0, -1)})()),
-     TypeError, ["stream:"]),
-    ("numpy-float64", lambda: base(a=host((M, K), np.float64), b=host((K, N), np.float64)), TypeError,
-     ["a:", "unsupported dtype float64"]),
+    (
+        "stream-protocol-huge",
+        lambda: base(stream=type("S", (), {"__cuda_stream__": lambda self: (0, -1)})()),
+        TypeError,
+        ["stream:"],
+    ),
+    (
+        "numpy-float64",
+        lambda: base(a=host((M, K), np.float64), b=host((K, N), np.float64)),
+        TypeError,
+        ["a:", "unsupported dtype float64"],
+    ),
     ("numpy-mismatch", lambda: base(a=host((M, K)), b=host((K + 3, N))), ValueError, ["b:", f"({K}, N)"]),
-    ("numpy-broadcast", lambda: base(a=np.broadcast_to(host((1, K)), (M, K)), b=host((K, N))), ValueError,
-     ["a:", "positive", "broadcast"]),
-    ("numpy-readonly-out", lambda: base(a=host((M, K)), b=host((K, N)), out=_readonly(host((M, N)))),
-     ValueError, ["out:", "read-only"]),
-    ("numpy-out-is-a", lambda: (lambda x: base(a=x, b=host((K, K)), out=x))(host((K, K))), ValueError,
-     ["out:", "overlaps a"]),
+    (
+        "numpy-broadcast",
+        lambda: base(a=np.broadcast_to(host((1, K)), (M, K)), b=host((K, N))),
+        ValueError,
+        ["a:", "positive", "broadcast"],
+    ),
+    (
+        "numpy-readonly-out",
+        lambda: base(a=host((M, K)), b=host((K, N)), out=_readonly(host((M, N)))),
+        ValueError,
+        ["out:", "read-only"],
+    ),
+    (
+        "numpy-out-is-a",
+        lambda: (lambda x: base(a=x, b=host((K, K)), out=x))(host((K, K))),
+        ValueError,
+        ["out:", "overlaps a"],
+    ),
 ]
 
 
@@ -292,9 +392,12 @@ GOOD = [
     ("c-alpha-beta", lambda: base(c=dev((M, N)), alpha=2, beta=np.float32(0.5))),
     ("out-is-c", lambda: (lambda c: base(out=c, c=c))(dev((M, N)))),
     ("strided-fallback", lambda: base(a=dev((M, K), strides=(2 * K, 2)))),
-    ("disjoint-columns-of-one-buffer", lambda: (lambda buf: base(a=buf.window(0, (M, K), (K + N, 1)),
-                                                                  out=buf.window(K, (M, N), (K + N, 1))))(
-        dev((M, K + N)))),
+    (
+        "disjoint-columns-of-one-buffer",
+        lambda: (lambda buf: base(a=buf.window(0, (M, K), (K + N, 1)), out=buf.window(K, (M, N), (K + N, 1))))(
+            dev((M, K + N))
+        ),
+    ),
     ("size-1-dims-any-stride", lambda: base(a=dev((1, K), strides=(0, 1)), b=dev((K, 1), strides=(1, 0)))),
     ("largest-dims", lambda: base(a=dev(((1 << 31) - 1024, 16), ptr=HUGE_PTR), b=dev((16, 64)))),
     ("size-1-dim-huge-stride", lambda: base(a=dev((1, K), strides=(1 << 62, 1)))),
@@ -348,12 +451,16 @@ def test_numpy_bfloat16_k0():
 
 
 # ---- pieces of the contract that are plain functions ----
-@pytest.mark.parametrize("stream, handle", [
-    (0, 0), (12345, 12345),
-    (type("TorchLike", (), {"cuda_stream": 77})(), 77),
-    (type("CupyLike", (), {"ptr": 88})(), 88),
-    (type("Protocol", (), {"__cuda_stream__": lambda self: (0, 99)})(), 99),
-])
+@pytest.mark.parametrize(
+    "stream, handle",
+    [
+        (0, 0),
+        (12345, 12345),
+        (type("TorchLike", (), {"cuda_stream": 77})(), 77),
+        (type("CupyLike", (), {"ptr": 88})(), 88),
+        (type("Protocol", (), {"__cuda_stream__": lambda self: (0, 99)})(), 99),
+    ],
+)
 def test_stream_handles(stream, handle):
     assert api._stream_handle(stream) == handle
 
@@ -373,24 +480,30 @@ def _view(shape, strides, ptr=1 << 20, itemsize=2):
     return arrays.View(None, None, ptr, shape, strides, "fp16", itemsize, 0)
 
 
-@pytest.mark.parametrize("x, y, expected", [
-    (_view((4, 4), (8, 1)), _view((4, 4), (8, 1), ptr=(1 << 20) + 8), False),   # left and right halves
-    (_view((4, 4), (8, 1)), _view((4, 4), (8, 1), ptr=(1 << 20) + 6), True),    # one column shared
-    (_view((4, 4), (4, 1)), _view((4, 4), (1, 4)), True),                       # a buffer and its transpose
-    (_view((4, 4), (4, 1)), _view((4, 4), (4, 1), ptr=(1 << 20) + 32), False),  # back to back
-    (_view((0, 4), (4, 1)), _view((4, 4), (4, 1)), False),                      # empty
-])
+@pytest.mark.parametrize(
+    "x, y, expected",
+    [
+        (_view((4, 4), (8, 1)), _view((4, 4), (8, 1), ptr=(1 << 20) + 8), False),  # left and right halves
+        (_view((4, 4), (8, 1)), _view((4, 4), (8, 1), ptr=(1 << 20) + 6), True),  # one column shared
+        (_view((4, 4), (4, 1)), _view((4, 4), (1, 4)), True),  # a buffer and its transpose
+        (_view((4, 4), (4, 1)), _view((4, 4), (4, 1), ptr=(1 << 20) + 32), False),  # back to back
+        (_view((0, 4), (4, 1)), _view((4, 4), (4, 1)), False),  # empty
+    ],
+)
 def test_overlaps_is_exact(x, y, expected):
     assert arrays.overlaps(x, y) is expected
 
 
-@pytest.mark.parametrize("shape, strides, ptr, ready", [
-    ((64, 32), (32, 1), 1 << 20, True),
-    ((64, 32), (32, 1), (1 << 20) + 2, False),     # misaligned base
-    ((64, 7), (8, 1), 1 << 20, False),             # ragged row: 14 bytes
-    ((64, 32), (36, 1), 1 << 20, False),           # leading stride 72 bytes
-    ((64, 32), (40, 1), 1 << 20, True),            # padded rows of 80 bytes
-])
+@pytest.mark.parametrize(
+    "shape, strides, ptr, ready",
+    [
+        ((64, 32), (32, 1), 1 << 20, True),
+        ((64, 32), (32, 1), (1 << 20) + 2, False),  # misaligned base
+        ((64, 7), (8, 1), 1 << 20, False),  # ragged row: 14 bytes
+        ((64, 32), (36, 1), 1 << 20, False),  # leading stride 72 bytes
+        ((64, 32), (40, 1), 1 << 20, True),  # padded rows of 80 bytes
+    ],
+)
 def test_tma_ready(shape, strides, ptr, ready):
     assert arrays.View(None, None, ptr, shape, strides, "fp16", 2, 0).tma_ready(1) is ready
 
@@ -422,7 +535,7 @@ def _capsule_api(name, restype, *argtypes):
 _capsule_name = _capsule_api("PyCapsule_GetName", ctypes.c_char_p, ctypes.py_object)
 _capsule_pointer = _capsule_api("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
 _capsule_set_name = _capsule_api("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
-_USED = ctypes.c_char_p(b"used_dltensor")     # the name a consumer gives a capsule it took
+_USED = ctypes.c_char_p(b"used_dltensor")  # the name a consumer gives a capsule it took
 
 
 def _device_array(dtype, shape=(3, 5), device=1, stream=1):
@@ -456,10 +569,10 @@ def test_dlpack_capsule_keeps_the_array_alive(versioned):
     max_version = (1, 0) if versioned else None
     arr = _device_array("bf16")
     alive = weakref.ref(arr)
-    cap = arr.__dlpack__(max_version=max_version)     # stream None: the legacy stream, as produced
+    cap = arr.__dlpack__(max_version=max_version)  # stream None: the legacy stream, as produced
     del arr
     gc.collect()
-    assert alive() is not None                        # the capsule holds the memory's owner
+    assert alive() is not None  # the capsule holds the memory's owner
     del cap
     gc.collect()
     assert alive() is None
@@ -470,11 +583,11 @@ def test_dlpack_capsule_keeps_the_array_alive(versioned):
     name = _capsule_name(cap)
     address = _capsule_pointer(cap, name)
     struct = dlpack.DLManagedTensorVersioned if versioned else dlpack.DLManagedTensor
-    assert _capsule_set_name(cap, _USED) == 0        # what a consumer does when it takes the tensor
+    assert _capsule_set_name(cap, _USED) == 0  # what a consumer does when it takes the tensor
     del arr, cap
     gc.collect()
-    assert alive() is not None                        # the consumer's tensor still needs it
-    struct.from_address(address).deleter(address)    # the consumer is done
+    assert alive() is not None  # the consumer's tensor still needs it
+    struct.from_address(address).deleter(address)  # the consumer is done
     gc.collect()
     assert alive() is None
 
@@ -483,11 +596,11 @@ def test_dlpack_export_orders_the_consumer_stream(monkeypatch):
     waits = []
     monkeypatch.setattr(dlpack, "stream_wait", lambda *args: waits.append(args))
     arr = _device_array("bf16", device=2, stream=7)
-    for stream in (7, -1):                            # the producing stream; "do not synchronise"
+    for stream in (7, -1):  # the producing stream; "do not synchronise"
         arr.__dlpack__(stream=stream)
     assert waits == []
     arr.__dlpack__(stream=9)
-    arr.__dlpack__()                                  # None: the legacy default stream
+    arr.__dlpack__()  # None: the legacy default stream
     assert waits == [(9, 7, 2), (arrays.LEGACY_STREAM, 7, 2)]
     with pytest.raises(ValueError, match="ambiguous"):
         arr.__dlpack__(stream=0)
@@ -533,8 +646,15 @@ def test_dlpack_export_read_by_cuda_core(dtype, legacy):
 
 def test_tensor_maps_refuse_what_tma_cannot_address():
     from jitgemm import runtime
-    for dims, stride, ptr in [((1 << 33, 8), 16, 0x1000), ((8, 0), 16, 0x1000), ((8, 8), 1 << 40, 0x1000),
-                              ((8, 8), 24, 0x1000), ((8, 8), 16, 0x1008), ((8, 8), 16, 1 << 64)]:
+
+    for dims, stride, ptr in [
+        ((1 << 33, 8), 16, 0x1000),
+        ((8, 0), 16, 0x1000),
+        ((8, 8), 1 << 40, 0x1000),
+        ((8, 8), 24, 0x1000),
+        ((8, 8), 16, 0x1008),
+        ((8, 8), 16, 1 << 64),
+    ]:
         with pytest.raises(ValueError, match="tensor map"):
             runtime.tensor_map_2d("bf16", ptr, *dims, stride, (64, 8), 128)
 

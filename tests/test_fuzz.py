@@ -8,6 +8,7 @@ range or of the wrong type, stream values the CAI spec refuses, read-only flags)
 hostile objects. The GPU boundary is replaced by a sentinel: a call that reaches it passed
 validation. KernelConfig and JITGEMM_CONFIG are fuzzed the same way.
 """
+
 import json
 import re
 from dataclasses import fields
@@ -27,8 +28,12 @@ from jitgemm.problem import Problem
 
 H200 = DeviceSpec("sm_90a", 132)
 ARGUMENTS = re.compile(r"^(a|b|out|c|alpha|beta|out_dtype|stream|config):")
-FUZZ = settings(max_examples=400, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=400,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 class PassedValidation(Exception):
@@ -75,24 +80,46 @@ stream_values = st.sampled_from([None, None, 1, 2, 12345, 0, -1, 1 << 64, "1", T
 def cai_arrays(draw, rows, cols, slot, dtype="fp16", clean=False):
     """A fake device array of shape (rows, cols), each field (unless `clean`) possibly replaced
     by a bad value."""
+
     def maybe(good, bad):
         return draw(st.one_of(st.just(good), bad)) if not clean and draw(st.integers(0, 7)) == 0 else good
 
     itemsize = 4 if dtype == "fp32" else 2
-    shape = maybe((rows, cols), st.one_of(st.tuples(sizes, sizes), st.lists(sizes, max_size=3).map(tuple),
-                                          st.tuples(st.sampled_from(NON_INTS), sizes)))
-    strides = maybe(None, st.one_of(
-        st.lists(st.sampled_from([0, -2, 2, 4, 6, 16, 96, 1 << 40, 1 << 70, -(1 << 70)]), max_size=3).map(tuple),
-        st.tuples(st.sampled_from([2.0, "2", None]), st.just(itemsize))))
+    shape = maybe(
+        (rows, cols),
+        st.one_of(
+            st.tuples(sizes, sizes), st.lists(sizes, max_size=3).map(tuple), st.tuples(st.sampled_from(NON_INTS), sizes)
+        ),
+    )
+    strides = maybe(
+        None,
+        st.one_of(
+            st.lists(st.sampled_from([0, -2, 2, 4, 6, 16, 96, 1 << 40, 1 << 70, -(1 << 70)]), max_size=3).map(tuple),
+            st.tuples(st.sampled_from([2.0, "2", None]), st.just(itemsize)),
+        ),
+    )
     typestr = {"fp16": "<f2", "fp32": "<f4", "bf16": "<V2"}[dtype]
     typestr = maybe(typestr, st.sampled_from([">f2", ">u2", ">V2", "<f8", "|i1", "f2", "", 2, None, "=f2", "|f2"]))
-    ptr = (slot + 1) << 36     # disjoint arrays, 16-byte aligned
+    ptr = (slot + 1) << 36  # disjoint arrays, 16-byte aligned
     ptr = maybe(ptr, st.sampled_from([0, 1, -16, 1 << 64, (1 << 64) - 16, "4096", 4096.0, None]))
-    data = maybe((ptr, False), st.one_of(st.tuples(st.just(ptr), st.sampled_from([True, 1, "no", None])),
-                                         st.just((ptr,)), st.just((ptr, False, 0)), st.just(None),
-                                         st.just([ptr, False])))
-    cai = {"shape": shape, "typestr": typestr, "data": data, "strides": strides, "version": 3,
-           "stream": maybe(None, stream_values)}
+    data = maybe(
+        (ptr, False),
+        st.one_of(
+            st.tuples(st.just(ptr), st.sampled_from([True, 1, "no", None])),
+            st.just((ptr,)),
+            st.just((ptr, False, 0)),
+            st.just(None),
+            st.just([ptr, False]),
+        ),
+    )
+    cai = {
+        "shape": shape,
+        "typestr": typestr,
+        "data": data,
+        "strides": strides,
+        "version": 3,
+        "stream": maybe(None, stream_values),
+    }
     if not clean and draw(st.integers(0, 15)) == 0:
         cai["version"] = draw(st.sampled_from([0, 2, 7, True, "3", None]))
     if not clean and draw(st.integers(0, 31)) == 0:
@@ -111,14 +138,25 @@ def mostly(good: list, bad: list, clean: bool = False):
     return st.integers(0, 7).flatmap(lambda i: st.sampled_from(bad if i == 0 and not clean else good))
 
 
-SCALARS = ([1.0, 0, -2, 0.5, np.float32(2), Fraction(1, 3), 3.4e38],
-           [10 ** 400, -1e39, 3.5e38, float("nan"), float("inf"), "1", None, True, 1j])
+SCALARS = (
+    [1.0, 0, -2, 0.5, np.float32(2), Fraction(1, 3), 3.4e38],
+    [10**400, -1e39, 3.5e38, float("nan"), float("inf"), "1", None, True, 1j],
+)
 OUT_DTYPES = ([None, "float32"], ["float16", np.float32, "bfloat16", "int8", 5, object()])
-STREAMS = ([None, 0, 7, type("S", (), {"__cuda_stream__": lambda self: (0, 5)})()],
-           [-1, 1 << 64, True, 1.5, "s", Hostile(), type("S", (), {"__cuda_stream__": lambda self: (0, -5)})()])
-CONFIGS = ([None, KernelConfig(dtype="fp16", out_dtype="fp16")],
-           [KernelConfig(), KernelConfig(dtype="fp16", out_dtype="fp16", block_m=64, num_consumers=1, a_rows=8),
-            KernelConfig(dtype="fp16", out_dtype="fp16", split_k=32), {"block_m": 128}, "x"])
+STREAMS = (
+    [None, 0, 7, type("S", (), {"__cuda_stream__": lambda self: (0, 5)})()],
+    [-1, 1 << 64, True, 1.5, "s", Hostile(), type("S", (), {"__cuda_stream__": lambda self: (0, -5)})()],
+)
+CONFIGS = (
+    [None, KernelConfig(dtype="fp16", out_dtype="fp16")],
+    [
+        KernelConfig(),
+        KernelConfig(dtype="fp16", out_dtype="fp16", block_m=64, num_consumers=1, a_rows=8),
+        KernelConfig(dtype="fp16", out_dtype="fp16", split_k=32),
+        {"block_m": 128},
+        "x",
+    ],
+)
 
 
 @st.composite
@@ -133,8 +171,9 @@ def gemm_calls(draw):
     c = draw(st.one_of(st.none(), cai_arrays(m, n, 3, "fp16" if out is None else "fp32", clean=clean)))
     if not clean and draw(st.integers(0, 15)) == 0:
         out, c = draw(others()), draw(others())
-    alpha, beta, out_dtype, stream, config = (draw(mostly(*values, clean))
-                                              for values in (SCALARS, SCALARS, OUT_DTYPES, STREAMS, CONFIGS))
+    alpha, beta, out_dtype, stream, config = (
+        draw(mostly(*values, clean)) for values in (SCALARS, SCALARS, OUT_DTYPES, STREAMS, CONFIGS)
+    )
     return a, b, dict(out=out, c=c, alpha=alpha, beta=beta, out_dtype=out_dtype, stream=stream, config=config)
 
 
@@ -150,15 +189,22 @@ def test_gemm_raises_only_errors_naming_an_argument(cpu_only, call):
         assert ARGUMENTS.match(str(exc)), f"{type(exc).__name__} names no argument: {exc}"
 
 
-FIELD_VALUES = st.one_of(st.integers(-3, 600), st.sampled_from(BAD_INTS + NON_INTS + [0, 1, 2, 64, 128, 256]),
-                         st.booleans(), st.floats(allow_nan=True), st.sampled_from(["bf16", "fp16", "fp32", "K",
-                         "M", "N", "A", "B", "none", "m", "n", "sm_90a", "sm_100a", ""]), st.none())
+FIELD_VALUES = st.one_of(
+    st.integers(-3, 600),
+    st.sampled_from(BAD_INTS + NON_INTS + [0, 1, 2, 64, 128, 256]),
+    st.booleans(),
+    st.floats(allow_nan=True),
+    st.sampled_from(["bf16", "fp16", "fp32", "K", "M", "N", "A", "B", "none", "m", "n", "sm_90a", "sm_100a", ""]),
+    st.none(),
+)
 FIELD_NAMES = [f.name for f in fields(KernelConfig)]
 
 
 @FUZZ
-@given(st.dictionaries(st.sampled_from(FIELD_NAMES), FIELD_VALUES, max_size=6),
-       st.dictionaries(st.text(max_size=8), FIELD_VALUES, max_size=2))
+@given(
+    st.dictionaries(st.sampled_from(FIELD_NAMES), FIELD_VALUES, max_size=6),
+    st.dictionaries(st.text(max_size=8), FIELD_VALUES, max_size=2),
+)
 def test_kernel_config_raises_only_value_errors(known, unknown):
     for make in (lambda: KernelConfig(**known), lambda: KernelConfig.from_dict({**known, **unknown})):
         try:
@@ -173,10 +219,17 @@ def _json_text(fields_):
 
 
 @FUZZ
-@given(st.one_of(st.dictionaries(st.sampled_from(FIELD_NAMES + ["block_q"]),
-                                 FIELD_VALUES.filter(lambda v: not isinstance(v, int) or abs(v) < 1 << 70),
-                                 max_size=4).map(_json_text),
-                 st.text(max_size=40), st.sampled_from(["[" * 5000, '{"a_rows": 8}', "null", "[]"])))
+@given(
+    st.one_of(
+        st.dictionaries(
+            st.sampled_from(FIELD_NAMES + ["block_q"]),
+            FIELD_VALUES.filter(lambda v: not isinstance(v, int) or abs(v) < 1 << 70),
+            max_size=4,
+        ).map(_json_text),
+        st.text(max_size=40),
+        st.sampled_from(["[" * 5000, '{"a_rows": 8}', "null", "[]"]),
+    )
+)
 def test_env_config_raises_only_value_errors(text):
     problem = Problem(4096, 4096, 4096)
     try:

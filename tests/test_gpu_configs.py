@@ -4,12 +4,12 @@ checked against a float64 reference on fresh random data with NaN-poisoned, guar
 import dataclasses
 
 import pytest
+from gpu_helpers import assert_close, guard_untouched, guarded_out, random_operand
 
 import jitgemm
-from gpu_helpers import assert_close, guard_untouched, guarded_out, random_operand
 from jitgemm import api, geometry, registry
-from jitgemm.config import KernelConfig
 from jitgemm.archs.sm90.layout import SMEM_CAPACITY, layout_of
+from jitgemm.config import KernelConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -32,8 +32,16 @@ CASES = [
     ("mcastA_odd_pairs", dict(block_n=128, num_stages=4, cluster_size=2, multicast="A"), (520, 5 * 128 - 3, 700)),
     # multicast B: the pair shares the B tile along M; 3 row blocks -> odd
     ("mcastB_odd_pairs", dict(block_n=128, num_stages=4, cluster_size=2, multicast="B"), (3 * 128 - 5, 600, 700)),
-    ("mcastA_n256_raster_n", dict(block_n=256, num_stages=3, cluster_size=2, multicast="A", raster="n", group_size=16), (2048, 2048, 1024)),
-    ("mcastB_1consumer", dict(block_m=128, num_consumers=1, block_n=128, num_stages=4, cluster_size=2, multicast="B"), (640, 384, 256)),
+    (
+        "mcastA_n256_raster_n",
+        dict(block_n=256, num_stages=3, cluster_size=2, multicast="A", raster="n", group_size=16),
+        (2048, 2048, 1024),
+    ),
+    (
+        "mcastB_1consumer",
+        dict(block_m=128, num_consumers=1, block_n=128, num_stages=4, cluster_size=2, multicast="B"),
+        (640, 384, 256),
+    ),
     # K of one block, and fewer K blocks than stages
     ("k_one_block", dict(block_n=128, num_stages=6), (512, 512, 64)),
     ("k_fewer_than_stages", dict(block_n=128, num_stages=6), (512, 512, 3 * 64 - 5)),
@@ -44,16 +52,36 @@ CASES = [
     ("splitk_cluster", dict(block_n=128, num_stages=4, cluster_size=2, multicast="B", split_k=2), (3 * 128, 384, 2048)),
     # split 0 (the reducer) leads by REDUCER_LEAD_KBLOCKS K blocks: the whole lead (25 + 17 K
     # blocks), and a lead capped at half a split with uneven shares of the rest
-    ("splitk2_reducer_lead", dict(block_m=64, num_consumers=1, block_n=128, num_stages=8, split_k=2), (128, 520, 64 * 41 + 17)),
-    ("splitk6_capped_lead", dict(block_m=64, num_consumers=1, block_n=64, num_stages=13, split_k=6), (100, 300, 64 * 60 + 3)),
+    (
+        "splitk2_reducer_lead",
+        dict(block_m=64, num_consumers=1, block_n=128, num_stages=8, split_k=2),
+        (128, 520, 64 * 41 + 17),
+    ),
+    (
+        "splitk6_capped_lead",
+        dict(block_m=64, num_consumers=1, block_n=64, num_stages=13, split_k=6),
+        (100, 300, 64 * 60 + 3),
+    ),
     # decode: only the rows of A that exist are loaded; the rest of the tile is never written
     ("a_rows8", dict(block_m=64, num_consumers=1, block_n=64, num_stages=13, a_rows=8), (3, 700, 2000)),
-    ("a_rows16_splitk", dict(block_m=64, num_consumers=1, block_n=64, num_stages=13, a_rows=16, split_k=3), (13, 1000, 3000)),
+    (
+        "a_rows16_splitk",
+        dict(block_m=64, num_consumers=1, block_n=64, num_stages=13, a_rows=16, split_k=3),
+        (13, 1000, 3000),
+    ),
     ("a_rows_2consumers", dict(block_m=128, num_consumers=2, block_n=128, num_stages=5, a_rows=104), (100, 520, 900)),
     # B tails: the columns past the last 64-wide piece load as a narrower piece (16, 32 or 3 x 16
     # wide); the last tile's tail lies partly or wholly past N
-    ("b_tail_n144_mcastA", dict(block_n=144, num_stages=5, cluster_size=2, multicast="A", b_tail=True), (700, 1000, 900)),
-    ("b_tail_n160_splitk", dict(block_m=64, num_consumers=1, block_n=160, num_stages=6, split_k=3, b_tail=True), (64, 700, 3000)),
+    (
+        "b_tail_n144_mcastA",
+        dict(block_n=144, num_stages=5, cluster_size=2, multicast="A", b_tail=True),
+        (700, 1000, 900),
+    ),
+    (
+        "b_tail_n160_splitk",
+        dict(block_m=64, num_consumers=1, block_n=160, num_stages=6, split_k=3, b_tail=True),
+        (64, 700, 3000),
+    ),
     ("b_tail_n176", dict(block_n=176, num_stages=4, b_tail=True), (300, 1000, 500)),
     ("b_tail_n80", dict(block_m=64, num_consumers=1, block_n=80, num_stages=8, b_tail=True), (100, 333, 700)),
     # wider than 256 (N-major B only): one wgmma per 256-column slice, output through a ring of
@@ -68,6 +96,7 @@ LAYOUTS = [("row", "row"), ("col", "col")]
 @pytest.fixture(scope="module")
 def gen():
     import torch
+
     return torch.Generator(device="cuda").manual_seed(4321)
 
 
@@ -79,8 +108,14 @@ def forced_config(knobs, dtype, out_dtype, a_layout, b_layout, has_c=False):
         knobs = {key: value for key, value in knobs.items() if key != "a_rows"}
     if b_layout == "col":
         knobs = {key: value for key, value in knobs.items() if key != "b_tail"}
-    cfg = KernelConfig(dtype=dtype, out_dtype=out_dtype, a_major="K" if a_layout == "row" else "M",
-                       b_major="N" if b_layout == "row" else "K", has_c=has_c, **knobs)
+    cfg = KernelConfig(
+        dtype=dtype,
+        out_dtype=out_dtype,
+        a_major="K" if a_layout == "row" else "M",
+        b_major="N" if b_layout == "row" else "K",
+        has_c=has_c,
+        **knobs,
+    )
     while layout_of(cfg).smem_bytes > SMEM_CAPACITY and cfg.num_stages > 2:
         cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
@@ -90,6 +125,7 @@ def check_forced(cfg, shape, layout, gen):
     """Run `cfg` on fresh random operands into a NaN-poisoned, guarded output and check it
     against float64; returns (out, b) for a second run into the same buffer."""
     import torch
+
     m, n, k = shape
     a = random_operand(m, k, cfg.dtype, layout[0], gen)
     b = random_operand(k, n, cfg.dtype, layout[1], gen)
@@ -110,7 +146,7 @@ def test_forced_config(name, knobs, shape, layout, gen):
     for dtype, out_dtype in (("bf16", "bf16"), ("fp16", "fp32")):
         cfg = forced_config(knobs, dtype, out_dtype, *layout)
         if cfg.num_stages < 3:
-            continue    # an fp32 tile this wide leaves too few stages: the heuristics never emit it
+            continue  # an fp32 tile this wide leaves too few stages: the heuristics never emit it
         out, b = check_forced(cfg, shape, layout, gen)
         # Run again on fresh data into the same buffer: split-K counters must have been reset.
         a2 = random_operand(m, k, dtype, layout[0], gen)
@@ -127,7 +163,7 @@ def many_tiles_shape(cfg, shape):
     persistent grid runs at least MIN_UNITS_PER_CTA work units. a_rows tiles grow along N only."""
     m, n, k = shape
     num_sms = api.device_spec(0).num_sms
-    bm, bn = (cfg.block_n, cfg.block_m) if cfg.swap_ab else (cfg.block_m, cfg.block_n)   # user M, N
+    bm, bn = (cfg.block_n, cfg.block_m) if cfg.swap_ab else (cfg.block_m, cfg.block_n)  # user M, N
     splits = geometry.num_splits(cfg, k)
     while registry.get(cfg.arch).cluster_tiles(cfg, m, n) * splits < MIN_UNITS_PER_CTA * (num_sms // cfg.cluster_size):
         if cfg.a_rows or -(-n // bn) <= -(-m // bm):
@@ -179,8 +215,17 @@ def knobs_of(name):
     return next(knobs for case, knobs, _ in CASES if case == name)
 
 
-C_KNOBS = [knobs_of(name) for name in ("cluster1_2consumers_n256", "mcastA_odd_pairs", "splitk3_uneven_k",
-                                         "b_tail_n144_mcastA", "mcastB_1consumer", "wide_n384_mcastB")]
+C_KNOBS = [
+    knobs_of(name)
+    for name in (
+        "cluster1_2consumers_n256",
+        "mcastA_odd_pairs",
+        "splitk3_uneven_k",
+        "b_tail_n144_mcastA",
+        "mcastB_1consumer",
+        "wide_n384_mcastB",
+    )
+]
 
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["c", "out_is_c"])
@@ -189,6 +234,7 @@ C_KNOBS = [knobs_of(name) for name in ("cluster1_2consumers_n256", "mcastA_odd_p
 @pytest.mark.parametrize("odt", ["fp32", "bf16"])
 def test_forced_config_with_c(knobs, odt, many_tiles, in_place, gen):
     import torch
+
     cfg = forced_config(knobs, "bf16", odt, "row", "row", has_c=True)
     if cfg.num_stages < 3:
         pytest.skip("an fp32 tile this wide leaves too few stages: the heuristics never emit it")
@@ -212,12 +258,13 @@ def test_split_k_inside_a_captured_graph(gen):
     """Under capture the split-K workspace is allocated by the graph itself, so a graph captured
     on torch's private stream works after a warm-up on another stream, and replays stay right."""
     import torch
+
     m, n, k = 16, 1000, 4096
     cfg = forced_config(knobs_of("splitk4"), "bf16", "bf16", "row", "row")
     a = random_operand(m, k, "bf16", "row", gen)
     b = random_operand(k, n, "bf16", "row", gen)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    jitgemm.gemm(a, b, out=out, config=cfg)          # loads the kernel (on the current stream)
+    jitgemm.gemm(a, b, out=out, config=cfg)  # loads the kernel (on the current stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         jitgemm.gemm(a, b, out=out, config=cfg)

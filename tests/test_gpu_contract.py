@@ -2,15 +2,16 @@
 epilogue, empty problems, user streams, CUDA graphs, threads on a cold cache, a second GPU and the
 fallback copies. Every check compares with a float64 reference on fresh random data, with
 NaN-poisoned outputs."""
+
 import dataclasses
 import threading
 import warnings
 
 import numpy as np
 import pytest
+from gpu_helpers import assert_close, guard_untouched, guarded_out, random_operand, torch_dtype
 
 import jitgemm
-from gpu_helpers import assert_close, guard_untouched, guarded_out, random_operand, torch_dtype
 from jitgemm import api, heuristics, kernels, launch
 from jitgemm.config import KernelConfig
 
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def gen():
     import torch
+
     return torch.Generator(device="cuda").manual_seed(4321)
 
 
@@ -29,6 +31,7 @@ def rand(rows, cols, dtype, gen, major="row"):
 
 def nan_full(shape, dtype):
     import torch
+
     return torch.full(shape, float("nan"), device="cuda", dtype=torch_dtype(dtype))
 
 
@@ -37,6 +40,7 @@ def nan_full(shape, dtype):
 @pytest.mark.parametrize("shape", [(256, 256, 256), (129, 200, 1000), (1000, 72, 64)])
 def test_c_alpha_beta_in_epilogue(shape, dtype, odt, gen):
     import torch
+
     m, n, k = shape
     a, b = rand(m, k, dtype, gen), rand(k, n, dtype, gen, "col")
     c = rand(m, n, odt, gen)
@@ -59,6 +63,7 @@ def test_alpha_without_c(gen):
 @pytest.mark.parametrize("odt", ["bf16", "fp32"])
 def test_out_is_c_accumulates_in_place(odt, gen):
     import torch
+
     m, n, k = 384, 256, 512
     a, b = rand(m, k, "bf16", gen), rand(k, n, "bf16", gen)
     buf, c = guarded_out(m, n, odt)
@@ -82,7 +87,11 @@ def test_beta_zero_does_not_read_c(gen):
 @pytest.mark.parametrize("odt", ["bf16", "fp32"])
 def test_k0_gives_zeros_or_beta_c(odt, gen):
     import torch
-    a, b = torch.empty((70, 0), device="cuda", dtype=torch.bfloat16), torch.empty((0, 40), device="cuda", dtype=torch.bfloat16)
+
+    a, b = (
+        torch.empty((70, 0), device="cuda", dtype=torch.bfloat16),
+        torch.empty((0, 40), device="cuda", dtype=torch.bfloat16),
+    )
     out = nan_full((70, 40), odt)
     assert jitgemm.gemm(a, b, out) is out
     assert bool((out == 0).all())
@@ -97,6 +106,7 @@ def test_k0_gives_zeros_or_beta_c(odt, gen):
 @pytest.mark.parametrize("m, n, k", [(0, 64, 64), (64, 0, 64), (0, 0, 0), (0, 64, 0)])
 def test_zero_size(m, n, k):
     import torch
+
     a = torch.empty((m, k), device="cuda", dtype=torch.float16)
     b = torch.empty((k, n), device="cuda", dtype=torch.float16)
     res = jitgemm.gemm(a, b)
@@ -109,6 +119,7 @@ def test_zero_size(m, n, k):
 def test_cupy_in_cupy_out_with_c():
     cp = pytest.importorskip("cupy")
     import torch
+
     a = cp.random.standard_normal((513, 300), dtype=cp.float32).astype(cp.float16)
     b = cp.random.standard_normal((300, 264), dtype=cp.float32).astype(cp.float16).T.copy().T
     c = cp.random.standard_normal((513, 264), dtype=cp.float32)
@@ -134,16 +145,18 @@ class RawCAI:
 
 def test_raw_cuda_array_interface(gen):
     import torch
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):          # the data is produced on a side stream ...
+    with torch.cuda.stream(side):  # the data is produced on a side stream ...
         a, b = rand(300, 500, "fp16", gen), rand(500, 200, "fp16", gen, "col")
         c = rand(300, 200, "fp16", gen)
     # ... which the interface names: gemm must order its work after it.
-    res = jitgemm.gemm(RawCAI(a, side.cuda_stream), RawCAI(b, side.cuda_stream),
-                       c=RawCAI(c, side.cuda_stream), beta=-1.0)
+    res = jitgemm.gemm(
+        RawCAI(a, side.cuda_stream), RawCAI(b, side.cuda_stream), c=RawCAI(c, side.cuda_stream), beta=-1.0
+    )
     assert isinstance(res, jitgemm.DeviceArray)
-    assert res.__cuda_array_interface__["stream"] == side.cuda_stream    # computed on the producer's stream
+    assert res.__cuda_array_interface__["stream"] == side.cuda_stream  # computed on the producer's stream
     side.synchronize()
     got = torch.as_tensor(res, device="cuda")
     assert got.shape == (300, 200) and got.dtype == torch.float16
@@ -170,8 +183,9 @@ class DLPackOnly:
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_dlpack_objects(dtype, gen):
     import torch
+
     if dtype == "bf16":
-        pytest.importorskip("ml_dtypes")     # cuda.core reads bfloat16 DLPack tensors through it
+        pytest.importorskip("ml_dtypes")  # cuda.core reads bfloat16 DLPack tensors through it
     a, b = rand(200, 320, dtype, gen), rand(320, 136, dtype, gen)
     res = jitgemm.gemm(DLPackOnly(a), DLPackOnly(b))
     assert isinstance(res, jitgemm.DeviceArray)
@@ -202,7 +216,7 @@ def test_numpy_in_numpy_out(dtype):
         np_dtype = np.float16
     rng = np.random.default_rng(7)
     a = rng.standard_normal((300, 129)).astype(np_dtype)
-    b = rng.standard_normal((200, 129)).astype(np_dtype).T          # a transposed view
+    b = rng.standard_normal((200, 129)).astype(np_dtype).T  # a transposed view
     c = rng.standard_normal((300, 200)).astype(np.float32)
     res = jitgemm.gemm(a, b, c=c, alpha=0.5, beta=2.0, out_dtype=np.float32)
     assert isinstance(res, np.ndarray) and res.dtype == np.float32 and res.shape == (300, 200)
@@ -215,6 +229,7 @@ def test_numpy_in_numpy_out(dtype):
 # ---------------------------------------------------------------- the plan cache
 def test_repeated_calls_see_new_data_and_new_outputs(gen):
     import torch
+
     a, b = rand(256, 256, "bf16", gen), rand(256, 256, "bf16", gen)
     buf, out = guarded_out(256, 256, "bf16")
     for _ in range(3):
@@ -225,7 +240,7 @@ def test_repeated_calls_see_new_data_and_new_outputs(gen):
         torch.cuda.synchronize()
         assert_close(out, a, b, "bf16")
         assert guard_untouched(buf, 256, 256)
-        kept = [jitgemm.gemm(a, b) for _ in range(3)]       # fresh results at (mostly) new addresses
+        kept = [jitgemm.gemm(a, b) for _ in range(3)]  # fresh results at (mostly) new addresses
         for r in kept:
             assert_close(r, a, b, "bf16")
 
@@ -233,9 +248,10 @@ def test_repeated_calls_see_new_data_and_new_outputs(gen):
 # ---------------------------------------------------------------- streams
 def test_torch_user_streams(gen):
     import torch
+
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):                       # the current stream
+    with torch.cuda.stream(s):  # the current stream
         a, b = rand(1000, 1000, "bf16", gen), rand(1000, 1000, "bf16", gen)
         res = jitgemm.gemm(a, b)
         out = nan_full((1000, 1000), "fp32")
@@ -245,7 +261,7 @@ def test_torch_user_streams(gen):
     assert_close(out, a, b, "fp32")
     s2 = torch.cuda.Stream()
     s2.wait_stream(s)
-    res2 = jitgemm.gemm(a, b, stream=s2)             # stream= with torch's default stream current
+    res2 = jitgemm.gemm(a, b, stream=s2)  # stream= with torch's default stream current
     out2 = nan_full((1000, 1000), "bf16")
     jitgemm.gemm(a, b, out2, stream=s2.cuda_stream)
     s2.synchronize()
@@ -256,6 +272,7 @@ def test_torch_user_streams(gen):
 def test_cupy_user_stream():
     cp = pytest.importorskip("cupy")
     import torch
+
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         a = cp.random.standard_normal((700, 900), dtype=cp.float32).astype(cp.float16)
@@ -275,23 +292,28 @@ CHAIN_STEPS = 4
 
 
 @pytest.mark.parametrize("capture", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("m, width, knobs", [
-    (1, 2048, {}),                                 # few CTAs: the next kernel starts at once and must wait
-    (128, 4096, dict(split_k=2)),                  # split-K workspace and counters
-    (1000, 1024, dict(cluster_size=2, multicast="B", block_n=128, num_stages=4)),
-])
+@pytest.mark.parametrize(
+    "m, width, knobs",
+    [
+        (1, 2048, {}),  # few CTAs: the next kernel starts at once and must wait
+        (128, 4096, dict(split_k=2)),  # split-K workspace and counters
+        (1000, 1024, dict(cluster_size=2, multicast="B", block_n=128, num_stages=4)),
+    ],
+)
 def test_chained_calls_wait_for_the_previous_kernel(m, width, knobs, capture, gen):
     """Back-to-back dependent calls with no synchronisation: each call reads the previous one's
     output (read after write), and a last call overwrites the first call's input (write after
     read). Kernels are launched with programmatic dependent launch, so one that touched global
     memory before griddepcontrol.wait would read stale data or clobber an input here."""
     import torch
+
     from jitgemm.problem import Problem
+
     problem = Problem(m, width, width, "bf16", "bf16", "K", "N")
     spec = api.device_spec(0)
     cfg = dataclasses.replace(heuristics.select(problem, spec), **knobs)
     assert not heuristics.check_config(cfg, problem, spec)
-    w = rand(width, width, "bf16", gen) * width ** -0.5         # keeps the chain's values near 1
+    w = rand(width, width, "bf16", gen) * width**-0.5  # keeps the chain's values near 1
     x0, z = rand(m, width, "bf16", gen), rand(m, width, "bf16", gen)
     x0_initial = x0.clone()
     outs = [nan_full((m, width), "bf16") for _ in range(CHAIN_STEPS)]
@@ -301,9 +323,9 @@ def test_chained_calls_wait_for_the_previous_kernel(m, width, knobs, capture, ge
         for out in outs:
             jitgemm.gemm(prev, w, out, config=cfg)
             prev = out
-        jitgemm.gemm(z, w, x0, config=cfg)                      # x0 was the first call's input
+        jitgemm.gemm(z, w, x0, config=cfg)  # x0 was the first call's input
 
-    chain()                                                     # eager (and warm-up for capture)
+    chain()  # eager (and warm-up for capture)
     if capture:
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
@@ -324,11 +346,12 @@ def test_chained_calls_wait_for_the_previous_kernel(m, width, knobs, capture, ge
 @pytest.mark.parametrize("with_c", [False, True])
 def test_graph_capture_and_replay(with_c, gen):
     import torch
+
     m, n, k = 512, 384, 256
     a, b = rand(m, k, "bf16", gen), rand(k, n, "bf16", gen)
     c = rand(m, n, "bf16", gen) if with_c else None
     out = nan_full((m, n), "bf16")
-    jitgemm.gemm(a, b, out, c=c, beta=0.5)            # warm-up: compiles and loads the kernel
+    jitgemm.gemm(a, b, out, c=c, beta=0.5)  # warm-up: compiles and loads the kernel
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -349,7 +372,9 @@ def test_split_k_graph_workspace_lives_with_the_graph(gen):
     freed once the graph is destroyed, at the next capture."""
     import gc
     import time
+
     import torch
+
     m, n, k = 128, 512, 4096
     a, b = rand(m, k, "bf16", gen), rand(k, n, "bf16", gen)
     cfg = KernelConfig(block_m=64, block_n=64, num_stages=8, num_consumers=1, split_k=4)
@@ -373,20 +398,21 @@ def test_split_k_graph_workspace_lives_with_the_graph(gen):
         assert_close(out, a, b, "bf16")
     del g
     gc.collect()
-    deadline = time.monotonic() + 10                    # CUDA runs the destructor asynchronously
+    deadline = time.monotonic() + 10  # CUDA runs the destructor asynchronously
     while mine in launch._graph_workspaces.live and time.monotonic() < deadline:
         time.sleep(0.05)
-        captured()                                      # each capture frees what was released
+        captured()  # each capture frees what was released
     assert mine not in launch._graph_workspaces.live
 
 
 def test_graph_capture_needing_a_compile_raises(gen):
     import torch
+
     a, b = rand(256, 256, "fp16", gen), rand(256, 256, "fp16", gen)
     spec = api.device_spec(0)
     problem = jitgemm.Problem(256, 256, 256, "fp16", "fp16")
     cfg = jitgemm.heuristics.select(problem, spec)
-    cold = dataclasses.replace(cfg, group_size=cfg.group_size + 5)   # a config no one has loaded
+    cold = dataclasses.replace(cfg, group_size=cfg.group_size + 5)  # a config no one has loaded
     assert not kernels.is_loaded(cold, 0)
     out = nan_full((256, 256), "fp16")
     g = torch.cuda.CUDAGraph()
@@ -394,7 +420,7 @@ def test_graph_capture_needing_a_compile_raises(gen):
         with torch.cuda.graph(g):
             jitgemm.gemm(a, b, out, config=cold)
     torch.cuda.synchronize()
-    jitgemm.gemm(a, b, out, config=cold)       # outside a capture the same call compiles and runs
+    jitgemm.gemm(a, b, out, config=cold)  # outside a capture the same call compiles and runs
     torch.cuda.synchronize()
     assert_close(out, a, b, "fp16")
 
@@ -402,9 +428,11 @@ def test_graph_capture_needing_a_compile_raises(gen):
 # ---------------------------------------------------------------- threads, cold cache
 def test_threads_on_a_cold_cache(tmp_cache, monkeypatch):
     import torch
+
     from jitgemm import compiler
-    monkeypatch.setattr(kernels, "_loaded", {})       # nothing loaded in this process ...
-    monkeypatch.setattr(api, "_plans", {})            # ... and no call plans: every call compiles or waits
+
+    monkeypatch.setattr(kernels, "_loaded", {})  # nothing loaded in this process ...
+    monkeypatch.setattr(api, "_plans", {})  # ... and no call plans: every call compiles or waits
     compiled = []
     real = compiler.compile_cubin
 
@@ -426,7 +454,7 @@ def test_threads_on_a_cold_cache(tmp_cache, monkeypatch):
             res = jitgemm.gemm(a, b)
             torch.cuda.synchronize()
             assert_close(res, a, b, "bf16")
-        except BaseException as exc:     # reported below, with the thread's shape
+        except BaseException as exc:  # reported below, with the thread's shape
             errors.append((shape, exc))
 
     threads = [threading.Thread(target=work, args=(i, s)) for i, s in enumerate(shapes)]
@@ -442,6 +470,7 @@ def test_threads_on_a_cold_cache(tmp_cache, monkeypatch):
 # ---------------------------------------------------------------- a second GPU
 def test_second_gpu(gen):
     import torch
+
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
     torch.cuda.set_device(0)
@@ -460,17 +489,18 @@ def test_second_gpu(gen):
 def _fallback_cases(gen):
     """(arguments copied, gemm arguments) for layouts TMA cannot use in place."""
     import torch
+
     m, n, k = 200, 136, 264
     big_a = rand(m, k + 1, "bf16", gen)
-    yield {"a"}, dict(a=big_a[:, 1:], b=rand(k, n, "bf16", gen))                    # base off by 2 bytes
-    yield {"b"}, dict(a=rand(m, k, "bf16", gen), b=rand(2 * k, 2 * n, "bf16", gen)[::2, ::2])   # no unit stride
-    yield {"a"}, dict(a=rand(m, 7, "bf16", gen), b=rand(7, n, "bf16", gen))         # rows of 14 bytes
-    c = rand(m, n, "bf16", gen, "col")                                              # a column-major c
+    yield {"a"}, dict(a=big_a[:, 1:], b=rand(k, n, "bf16", gen))  # base off by 2 bytes
+    yield {"b"}, dict(a=rand(m, k, "bf16", gen), b=rand(2 * k, 2 * n, "bf16", gen)[::2, ::2])  # no unit stride
+    yield {"a"}, dict(a=rand(m, 7, "bf16", gen), b=rand(7, n, "bf16", gen))  # rows of 14 bytes
+    c = rand(m, n, "bf16", gen, "col")  # a column-major c
     yield {"c"}, dict(a=rand(m, k, "bf16", gen), b=rand(k, n, "bf16", gen), c=c, beta=-1.0)
     frame = torch.full((m + 2, n + 9), float("nan"), device="cuda", dtype=torch.bfloat16)
-    yield {"out"}, dict(a=rand(m, k, "bf16", gen), b=rand(k, n, "bf16", gen), out=frame[1:m + 1, 1:n + 1])
+    yield {"out"}, dict(a=rand(m, k, "bf16", gen), b=rand(k, n, "bf16", gen), out=frame[1 : m + 1, 1 : n + 1])
     frame = torch.full((m + 2, n + 9), float("nan"), device="cuda", dtype=torch.bfloat16)
-    cin = frame[1:m + 1, 1:n + 1]
+    cin = frame[1 : m + 1, 1 : n + 1]
     cin.copy_(rand(m, n, "bf16", gen))
     # out=c, misaligned: the kernel accumulates in the aligned copy of c, which is copied back
     yield {"c"}, dict(a=rand(m, k, "bf16", gen), b=rand(k, n, "bf16", gen), out=cin, c=cin, beta=1.0)
@@ -478,6 +508,7 @@ def _fallback_cases(gen):
 
 def test_fallback_copies_are_correct_and_warn_once_per_argument(gen, monkeypatch):
     import torch
+
     monkeypatch.setattr(api, "_warned", set())
     warned = set()
     for copied, kw in _fallback_cases(gen):
@@ -493,7 +524,7 @@ def test_fallback_copies_are_correct_and_warn_once_per_argument(gen, monkeypatch
             assert res is kw["out"]
             frame = res._base
             inside = torch.zeros(frame.shape, dtype=torch.bool, device="cuda")
-            inside[1:res.shape[0] + 1, 1:res.shape[1] + 1] = True
+            inside[1 : res.shape[0] + 1, 1 : res.shape[1] + 1] = True
             assert bool(torch.isnan(frame[~inside].float()).all()), "wrote outside out"
         assert_close(res, kw["a"], kw["b"], "bf16", c=c_before, beta=kw.get("beta", 1.0))
     assert warned == {"a", "b", "c", "out"}

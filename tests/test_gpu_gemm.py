@@ -1,10 +1,11 @@
 """GPU correctness sweep (issue 2): every value of {1, 7, 64, 127, 128, 129, 1000, 4096} on every
 axis, all four layouts, float16 and bfloat16, each output dtype, against a float64 reference,
 with NaN-poisoned outputs and a guard band that must stay untouched."""
+
 import pytest
+from gpu_helpers import assert_close, guard_untouched, guarded_out, latin_shapes, random_operand
 
 import jitgemm
-from gpu_helpers import assert_close, guard_untouched, guarded_out, latin_shapes, random_operand
 
 pytestmark = pytest.mark.gpu
 
@@ -18,6 +19,7 @@ CUPY_SHAPE = (1000, 2112, 7168)
 @pytest.fixture(scope="module")
 def gen():
     import torch
+
     return torch.Generator(device="cuda").manual_seed(1234)
 
 
@@ -27,6 +29,7 @@ def gen():
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{m}x{n}x{k}" for m, n, k in SHAPES])
 def test_sweep_torch(shape, layout, dtype, out_dtype, gen):
     import torch
+
     m, n, k = shape
     odt = dtype if out_dtype == "same" else "fp32"
     a = random_operand(m, k, dtype, layout[0], gen)
@@ -66,7 +69,7 @@ def test_cupy_in_cupy_out(dtype):
     assert not cp.isnan(got).any()
     err = float(cp.linalg.norm(got - ref) / cp.linalg.norm(ref))
     assert err <= {"bf16": 1e-2, "fp16": 2e-3}[dtype], err
-    fresh = jitgemm.gemm(a.T.copy().T, b)      # a transposed view of a contiguous array
+    fresh = jitgemm.gemm(a.T.copy().T, b)  # a transposed view of a contiguous array
     assert isinstance(fresh, cp.ndarray)
     err = float(cp.linalg.norm(fresh.astype(cp.float64) - ref) / cp.linalg.norm(ref))
     assert err <= {"bf16": 1e-2, "fp16": 2e-3}[dtype], err

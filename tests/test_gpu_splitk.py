@@ -1,6 +1,7 @@
 """Split-K on the GPU (issue 16): the reducer needs no co-residency, its counters are left at zero,
 its sums do not depend on which split reduces, threads and streams never share a workspace
 unsafely; and the elementwise check itself catches a corrupted block."""
+
 import subprocess
 import sys
 import textwrap
@@ -8,9 +9,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from gpu_helpers import assert_close, guarded_out, random_operand, worst_error
 
 import jitgemm
-from gpu_helpers import assert_close, guarded_out, random_operand, worst_error
 from jitgemm import launch, runtime
 from jitgemm.config import KernelConfig
 
@@ -27,12 +28,14 @@ SPLIT_CONFIGS = [
 @pytest.fixture(scope="module")
 def gen():
     import torch
+
     return torch.Generator(device="cuda").manual_seed(1616)
 
 
 def test_the_check_catches_a_corrupted_block(gen):
     """A normwise bound lets a zeroed 32x32 block of a large result pass; this check may not."""
     import torch
+
     m, n, k = 2048, 2048, 1024
     a, b = random_operand(m, k, "bf16", "row", gen), random_operand(k, n, "bf16", "row", gen)
     out = jitgemm.gemm(a, b)
@@ -40,7 +43,7 @@ def test_the_check_catches_a_corrupted_block(gen):
     zeroed = out.clone()
     zeroed[1000:1032, 512:544] = 0
     assert worst_error(zeroed, a, b, "bf16") > 1
-    missing_k_block = out.clone()     # one block of the result without the first 64 terms of K
+    missing_k_block = out.clone()  # one block of the result without the first 64 terms of K
     missing_k_block[64:96, 64:96] -= (a[64:96, :64].float() @ b[:64, 64:96].float()).to(torch.bfloat16)
     assert worst_error(missing_k_block, a, b, "bf16") > 1
     one_nan = out.clone()
@@ -52,6 +55,7 @@ def _counters(stream: int) -> list:
     """The tile counters of `stream`'s split-K workspace, read back."""
     import numpy as np
     from cuda.bindings import driver
+
     ws = launch._workspace(0, stream)
     host = np.empty(ws.counter_bytes // 4, np.int32)
     runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
@@ -64,9 +68,10 @@ def test_counters_are_left_at_zero_and_sums_do_not_depend_on_the_reducer(gen):
     counters read back as zero after every call, and repeated calls give identical bits
     whichever split happened to finish last."""
     import torch
+
     stream = torch.cuda.current_stream().cuda_stream
     shapes = [(64, 1000, 4096), (700, 3000, 3 * 64 * 8 + 5), (1000, 2000, 2048)]
-    for rep in range(2):
+    for _ in range(2):
         for cfg in SPLIT_CONFIGS:
             for m, n, k in shapes:
                 a, b = random_operand(m, k, "bf16", "row", gen), random_operand(k, n, "bf16", "row", gen)
@@ -84,6 +89,7 @@ def test_threads_on_the_per_thread_default_stream_and_many_streams(gen):
     """Each thread's per-thread default stream (one handle, 2, in every thread) and streams of
     its own: work units of different sizes, every result checked."""
     import torch
+
     inputs = []
     for i in range(8):
         m, n, k = (64 + 96 * i, 1000 + 256 * i, 2048 + 512 * (i % 3))
@@ -103,7 +109,7 @@ def test_threads_on_the_per_thread_default_stream_and_many_streams(gen):
                 jitgemm.gemm(a, b, out=out, config=cfg, stream=stream)
                 torch.cuda.synchronize()
                 assert_close(out, a, b, "bf16")
-        except BaseException as exc:      # reported below
+        except BaseException as exc:  # reported below
             errors.append((i, exc))
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
@@ -169,7 +175,12 @@ CO_RESIDENCY = textwrap.dedent('''
 
 def test_split_k_needs_no_co_residency():
     pytest.importorskip("cupy")
-    result = subprocess.run([sys.executable, "-c", CO_RESIDENCY], capture_output=True, text=True, timeout=200,
-                            cwd=Path(__file__).parent.parent)
+    result = subprocess.run(
+        [sys.executable, "-c", CO_RESIDENCY],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        cwd=Path(__file__).parent.parent,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "both finished" in result.stdout

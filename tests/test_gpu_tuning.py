@@ -1,20 +1,24 @@
 """Autotuning on the GPU: `tune` times real kernels, records its choice, and gemm then runs it."""
+
 import pytest
+from gpu_helpers import assert_close, guard_untouched, guarded_out, random_operand
 
 import jitgemm
 from jitgemm import api, heuristics, tuned, tuning
 from jitgemm.problem import Problem
 
-from gpu_helpers import assert_close, guard_untouched, guarded_out, random_operand
-
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("problem", [
-    Problem(512, 1024, 2048),                                      # a @ b, both row-major
-    Problem(300, 200, 520, "fp16", "fp32", "M", "K", True),        # transposed views, C, fp32 out, ragged
-    Problem(128, 576, 7168),                                       # split-K candidates and their unsplit variants
-], ids=lambda p: p.describe())
+@pytest.mark.parametrize(
+    "problem",
+    [
+        Problem(512, 1024, 2048),  # a @ b, both row-major
+        Problem(300, 200, 520, "fp16", "fp32", "M", "K", True),  # transposed views, C, fp32 out, ragged
+        Problem(128, 576, 7168),  # split-K candidates and their unsplit variants
+    ],
+    ids=lambda p: p.describe(),
+)
 # the ragged case: A's rows are not whole 16-byte units
 @pytest.mark.filterwarnings("ignore::jitgemm.FallbackCopyWarning")
 def test_tune_records_its_choice_and_gemm_runs_it(tmp_cache, problem):
@@ -35,6 +39,7 @@ def test_tune_records_its_choice_and_gemm_runs_it(tmp_cache, problem):
 def _check_gemm(problem, seed=1):
     """gemm on fresh random inputs of `problem`'s layouts, against a float64 reference."""
     import torch
+
     gen = torch.Generator(device="cuda").manual_seed(seed)
     p = problem
     a = random_operand(p.m, p.k, p.dtype, "row" if p.a_major == "K" else "col", gen)
@@ -51,8 +56,9 @@ def test_gemm_runs_a_tuned_entry_and_tuning_off_the_heuristics(tmp_cache, monkey
     problem = Problem(512, 1024, 2048)
     spec = api.device_spec(0)
     other = tuning.candidates(problem, spec, 3)[1]
-    tuned.write_entry(tuned.device_key(api.runtime.device_info(0).name, spec), tuned.problem_key(problem),
-                       {"config": other.to_dict()})
+    tuned.write_entry(
+        tuned.device_key(api.runtime.device_info(0).name, spec), tuned.problem_key(problem), {"config": other.to_dict()}
+    )
     assert api.config_for(problem) == other != heuristics.select(problem, spec)
     _check_gemm(problem)
     monkeypatch.setenv(tuned.ENV_TUNED, "0")

@@ -1,5 +1,6 @@
 """CPU tests of the heuristics layer (issue 3): selection tables, properties of every selected
 config, explain, the expert override (check_config, JITGEMM_CONFIG) and the shared helpers."""
+
 import ast
 import json
 import os
@@ -10,15 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from jitgemm import geometry
-from jitgemm.config import KernelConfig
+from jitgemm import geometry, heuristics
+from jitgemm import geometry as tiles
 from jitgemm.archs.sm90.layout import layout_of, structural_problems
+from jitgemm.config import KernelConfig
+from jitgemm.heuristics import DeviceSpec, check_config, config_from_env, cost, explain, rules, search, select, sm90
 from jitgemm.problem import LAYOUTS, Problem
 from jitgemm.render import render
-from jitgemm import heuristics
-from jitgemm.heuristics import DeviceSpec, check_config, config_from_env, explain, select
-from jitgemm import geometry as tiles
-from jitgemm.heuristics import cost, rules, search, sm90
 
 H200 = DeviceSpec("sm_90a", 132)
 CAPACITY = 232448
@@ -51,145 +50,219 @@ CAPACITY = 232448
 # without PDL" marks older ones, taken with the launch's full cost and the workspace nodes;
 # "a known misranking" refers to the list below H200_MEASURED.
 # Each row: (M, N, K), expected (block_m, block_n, cluster_size, multicast, split_k), why.
-DEEPSEEK = [(2112, 7168), (24576, 1536)]       # q/kv down-projection, q up-projection
-LLAMA = [(4096, 4096), (14336, 4096)]          # Llama-3-8B attention projection, MLP up
+DEEPSEEK = [(2112, 7168), (24576, 1536)]  # q/kv down-projection, q up-projection
+LLAMA = [(4096, 4096), (14336, 4096)]  # Llama-3-8B attention projection, MLP up
 TABLE = [
     # --- DeepSeek (2112, 7168)
-    ((1, 2112, 7168), (64, 64, 1, "none", 4),
-     "decode, DRAM bound: 33 column blocks of 64 x 4 splits = 132 CTAs: 13.65 us, 6% ahead of "
-     "the unsplit m64n32 (14.48; the choice before the split-0 reducer made splits cheaper; "
-     "not measured)"),
+    (
+        (1, 2112, 7168),
+        (64, 64, 1, "none", 4),
+        "decode, DRAM bound: 33 column blocks of 64 x 4 splits = 132 CTAs: 13.65 us, 6% ahead of "
+        "the unsplit m64n32 (14.48; the choice before the split-0 reducer made splits cheaper; "
+        "not measured)",
+    ),
     ((16, 2112, 7168), (64, 64, 1, "none", 4), "as M=1: 13.79 us against 14.54 for the unsplit m64n32"),
-    ((64, 2112, 7168), (64, 64, 1, "none", 4),
-     "as M=1: 14.27 us against 14.71 for the unsplit m64n32 (was m64n32)"),
-    ((128, 2112, 7168), (64, 128, 2, "B", 3),
-     "M is two m blocks of 64, so m64n128 pairs share B (sm90.single_wave_rule's exception): "
-     "17 pairs x 3 splits = 51 units, DRAM bound: 17.41 us (measured 15.7; cuBLAS 14.9), 2% "
-     "ahead of the former m128n64 split 3 (17.78; measured 15.1, the measured best: a known "
-     "misranking), 3% ahead of the unpaired m64n128 split 3 (17.92, measured 17.95); the pairs "
-     "split 2 model 18.13 (measured 17.2)"),
-    ((4096, 2112, 7168), (128, 176, 2, "A", 1),
-     "2112 = 12 x 176 exactly: 384 tiles = 192 pairs, 3 waves of 66 clusters with a 91% last "
-     "wave; pairs on neighbouring n blocks share A; L2 bound, 182.84 us (measured 179-184 "
-     "without PDL), 5% ahead of m256n96 pairs; 3 waves of units: split-K is not considered (at "
-     "most 2)"),
-    ((8192, 2112, 7168), (128, 224, 2, "B", 1),
-     "tensor-core bound: 10 column blocks of 224 x 32 m-block pairs = 5 waves (85% last), 2.6% "
-     "ahead of the m128n176 A pairs of M=4096 (6 waves; not measured)"),
+    ((64, 2112, 7168), (64, 64, 1, "none", 4), "as M=1: 14.27 us against 14.71 for the unsplit m64n32 (was m64n32)"),
+    (
+        (128, 2112, 7168),
+        (64, 128, 2, "B", 3),
+        "M is two m blocks of 64, so m64n128 pairs share B (sm90.single_wave_rule's exception): "
+        "17 pairs x 3 splits = 51 units, DRAM bound: 17.41 us (measured 15.7; cuBLAS 14.9), 2% "
+        "ahead of the former m128n64 split 3 (17.78; measured 15.1, the measured best: a known "
+        "misranking), 3% ahead of the unpaired m64n128 split 3 (17.92, measured 17.95); the pairs "
+        "split 2 model 18.13 (measured 17.2)",
+    ),
+    (
+        (4096, 2112, 7168),
+        (128, 176, 2, "A", 1),
+        "2112 = 12 x 176 exactly: 384 tiles = 192 pairs, 3 waves of 66 clusters with a 91% last "
+        "wave; pairs on neighbouring n blocks share A; L2 bound, 182.84 us (measured 179-184 "
+        "without PDL), 5% ahead of m256n96 pairs; 3 waves of units: split-K is not considered (at "
+        "most 2)",
+    ),
+    (
+        (8192, 2112, 7168),
+        (128, 224, 2, "B", 1),
+        "tensor-core bound: 10 column blocks of 224 x 32 m-block pairs = 5 waves (85% last), 2.6% "
+        "ahead of the m128n176 A pairs of M=4096 (6 waves; not measured)",
+    ),
     # --- DeepSeek (24576, 1536)
-    ((1, 24576, 1536), (64, 192, 1, "none", 1),
-     "decode of a wide N: 128 column blocks of 192, one wave, DRAM bound: 23.6 us; K is only "
-     "24 blocks: the best split (m64n192 pairs sharing A, split 2) models 28.5"),
+    (
+        (1, 24576, 1536),
+        (64, 192, 1, "none", 1),
+        "decode of a wide N: 128 column blocks of 192, one wave, DRAM bound: 23.6 us; K is only "
+        "24 blocks: the best split (m64n192 pairs sharing A, split 2) models 28.5",
+    ),
     ((16, 24576, 1536), (64, 192, 1, "none", 1), "as M=1"),
     ((64, 24576, 1536), (64, 192, 1, "none", 1), "as M=1"),
-    ((128, 24576, 1536), (128, 192, 1, "none", 1),
-     "one m block of 128: 128 tiles of 192, a single wave, DRAM bound: 25.64 us (measured 23.8), "
-     "4% ahead of m64n192 pairs; m64n128 pairs sharing B measured 23.6 (1% faster) but model "
-     "27.40; was m128n208 (119 tiles, 3 stages: models 32.32, measured 26.9 without PDL)"),
-    ((4096, 24576, 1536), (128, 256, 2, "B", 1),
-     "tensor-core bound: 96 column blocks of 256 x 16 m-block pairs = 24 waves (27% last): "
-     "445.41 us, ahead of 25 waves of 240-wide tiles, which land 256 columns of B each and are "
-     "delivery bound (device.ArchRates.l2_delivery_bytes_per_clk). Measured 478.0 us against "
-     "499.4 for m128n240 pairs"),
+    (
+        (128, 24576, 1536),
+        (128, 192, 1, "none", 1),
+        "one m block of 128: 128 tiles of 192, a single wave, DRAM bound: 25.64 us (measured 23.8), "
+        "4% ahead of m64n192 pairs; m64n128 pairs sharing B measured 23.6 (1% faster) but model "
+        "27.40; was m128n208 (119 tiles, 3 stages: models 32.32, measured 26.9 without PDL)",
+    ),
+    (
+        (4096, 24576, 1536),
+        (128, 256, 2, "B", 1),
+        "tensor-core bound: 96 column blocks of 256 x 16 m-block pairs = 24 waves (27% last): "
+        "445.41 us, ahead of 25 waves of 240-wide tiles, which land 256 columns of B each and are "
+        "delivery bound (device.ArchRates.l2_delivery_bytes_per_clk). Measured 478.0 us against "
+        "499.4 for m128n240 pairs",
+    ),
     ((8192, 24576, 1536), (128, 256, 2, "B", 1), "as M=4096: 47 waves"),
     # --- Llama (4096, 4096)
-    ((1, 4096, 4096), (64, 64, 1, "none", 1),
-     "decode: 64 column blocks of 64, 13 stages (96 KB of B in flight per CTA): 13.26 us, 2% "
-     "ahead of m64n32, 12% ahead of the best split (m64n64 split 2: 14.84); as measured at "
-     "1x4096x7168 and 64x4096x7168 (see H200_MEASURED); was m64n96 split 3"),
+    (
+        (1, 4096, 4096),
+        (64, 64, 1, "none", 1),
+        "decode: 64 column blocks of 64, 13 stages (96 KB of B in flight per CTA): 13.26 us, 2% "
+        "ahead of m64n32, 12% ahead of the best split (m64n64 split 2: 14.84); as measured at "
+        "1x4096x7168 and 64x4096x7168 (see H200_MEASURED); was m64n96 split 3",
+    ),
     ((16, 4096, 4096), (64, 64, 1, "none", 1), "as M=1: 13.29 us against 14.99 for split 2"),
     ((64, 4096, 4096), (64, 64, 1, "none", 1), "as M=1: 13.39 us against 15.48 for split 2"),
-    ((128, 4096, 4096), (64, 128, 2, "B", 1),
-     "M is two m blocks of 64: 32 column blocks of 128 in 32 pairs sharing B "
-     "(sm90.single_wave_rule's exception), shared-memory bound: 15.83 us, tied with the unpaired "
-     "m64n128 and m128n64, which move 1.5x the L2 traffic (the tie-break); not measured, but "
-     "these pairs measured ahead of the unpaired tiles at 128x7168x2048 and 128x4096x7168; was "
-     "the unpaired m64n128"),
-    ((4096, 4096, 4096), (128, 256, 2, "B", 1),
-     "the classic: 512 tiles of 128x256, 4 waves (88% last); tensor-core bound (195.31 us, "
-     "measured 190-194 without PDL); among the equal-time candidates sharing B over a 256x256 "
-     "pair moves the least L2 traffic"),
-    ((8192, 4096, 4096), (128, 256, 2, "B", 1),
-     "tensor-core bound: 8 waves of 128x256 pairs; the same time as 256x128 sharing A, with "
-     "less L2 traffic"),
+    (
+        (128, 4096, 4096),
+        (64, 128, 2, "B", 1),
+        "M is two m blocks of 64: 32 column blocks of 128 in 32 pairs sharing B "
+        "(sm90.single_wave_rule's exception), shared-memory bound: 15.83 us, tied with the unpaired "
+        "m64n128 and m128n64, which move 1.5x the L2 traffic (the tie-break); not measured, but "
+        "these pairs measured ahead of the unpaired tiles at 128x7168x2048 and 128x4096x7168; was "
+        "the unpaired m64n128",
+    ),
+    (
+        (4096, 4096, 4096),
+        (128, 256, 2, "B", 1),
+        "the classic: 512 tiles of 128x256, 4 waves (88% last); tensor-core bound (195.31 us, "
+        "measured 190-194 without PDL); among the equal-time candidates sharing B over a 256x256 "
+        "pair moves the least L2 traffic",
+    ),
+    (
+        (8192, 4096, 4096),
+        (128, 256, 2, "B", 1),
+        "tensor-core bound: 8 waves of 128x256 pairs; the same time as 256x128 sharing A, with less L2 traffic",
+    ),
     # --- Llama (14336, 4096)
-    ((1, 14336, 4096), (64, 128, 1, "none", 1),
-     "decode: 112 column blocks of 128 (8 stages), one wave, DRAM bound: 36.62 us, 3% ahead of "
-     "m64n64 pairs sharing A, 13% ahead of the best split (m64n128 pairs sharing A, split 2: "
-     "41.44); was m64n224 split 2"),
+    (
+        (1, 14336, 4096),
+        (64, 128, 1, "none", 1),
+        "decode: 112 column blocks of 128 (8 stages), one wave, DRAM bound: 36.62 us, 3% ahead of "
+        "m64n64 pairs sharing A, 13% ahead of the best split (m64n128 pairs sharing A, split 2: "
+        "41.44); was m64n224 split 2",
+    ),
     ((16, 14336, 4096), (64, 128, 1, "none", 1), "as M=1: 36.65 us (was m64n112)"),
     ((64, 14336, 4096), (64, 128, 1, "none", 1), "as M=1: 36.75 us (was m64n112)"),
-    ((128, 14336, 4096), (128, 128, 1, "none", 1),
-     "one m block of 128: 112 tiles of 128x128 (6 stages), one wave, DRAM bound: 39.05 us, 9% "
-     "ahead of m64n128 pairs sharing B; was m128n112"),
-    ((4096, 14336, 4096), (128, 256, 2, "B", 1),
-     "tensor-core bound: 56 column blocks of 256 x 16 m-block pairs = 14 waves (58% last), ahead "
-     "of 17 waves of 208-wide tiles, which land 256 columns of B each (was m128n208; not measured)"),
+    (
+        (128, 14336, 4096),
+        (128, 128, 1, "none", 1),
+        "one m block of 128: 112 tiles of 128x128 (6 stages), one wave, DRAM bound: 39.05 us, 9% "
+        "ahead of m64n128 pairs sharing B; was m128n112",
+    ),
+    (
+        (4096, 14336, 4096),
+        (128, 256, 2, "B", 1),
+        "tensor-core bound: 56 column blocks of 256 x 16 m-block pairs = 14 waves (58% last), ahead "
+        "of 17 waves of 208-wide tiles, which land 256 columns of B each (was m128n208; not measured)",
+    ),
     ((8192, 14336, 4096), (128, 256, 2, "B", 1), "as M=4096: 28 waves"),
 ]
 
 # The rest of the public benchmark set (examples/public_shapes.txt): with TABLE, every shape of
 # it is pinned here.
 PUBLIC = [
-    ((128, 576, 7168), (64, 64, 1, "none", 4),
-     "2 m blocks of 64 x 9 column blocks of 64 x 4 splits = 72 units, L2 bound: 10.20 us "
-     "(measured 10.4; cuBLAS 10.3), 2% ahead of m64n48 split 3 (10.44, measured 13.1); split 3 "
-     "measured 9.8 (split 4 is 6% slower) but models 11.13 (a known misranking); m64n128 pairs "
-     "sharing B, split 8, model 12.37 (measured 12.2); unsplit, m64n16 models 12.21 (its 32-byte "
-     "pieces stream at 67%)"),
-    ((128, 4096, 7168), (64, 128, 2, "B", 2),
-     "measured best (21.7 us; cuBLAS 21.0): M is two m blocks of 64, so 32 m64n128 pairs share B "
-     "(sm90.single_wave_rule's exception), x 2 splits = 64 units, DRAM bound: 25.78 us, 2% "
-     "ahead of the former m128n128 split 4 (26.23, measured 25.2); the unsplit pairs, the "
-     "unpaired m64n128 and m128n64 all model 26.36 (measured 23.5, 22.9 and 22.9)"),
-    ((128, 32768, 512), (128, 128, 2, "A", 1),
-     "one m block: 256 column blocks of 128 in 128 pairs sharing A, 2 waves, DRAM bound: "
-     "12.56 us (measured 13.6; cuBLAS 13.8), tied with the unclustered m128n128 (less L2 "
-     "traffic; measured 13.2) and 2% ahead of m128n256 (one wave, 3 stages: 12.78, measured "
-     "14.2); 8 K blocks leave nothing to split. The measured best, m64n128 pairs sharing B "
-     "(13.1, 3% faster), models 13.80"),
-    ((128, 7168, 16384), (128, 128, 1, "none", 2),
-     "56 column blocks of 128 x 2 splits = 112 units of 128 K blocks, DRAM bound: 81.71 us "
-     "(measured 73.3; cuBLAS 68.2), 1.5% ahead of the unsplit m64n128 pairs sharing B, which "
-     "measured 65.9 but model 82.96 (a known misranking), 4% ahead of m128n192 split 3 (85.33, "
-     "measured 75.3)"),
-    ((128, 7168, 2048), (64, 128, 2, "B", 1),
-     "measured best (11.1 us; cuBLAS 11.2): M is two m blocks of 64, so 56 m64n128 pairs share "
-     "B (sm90.single_wave_rule's exception), DRAM bound: 11.93 us, 9% ahead of the unpaired "
-     "m64n128 and m128n64 (12.97; measured 12.6 and 11.2) and of the m64n112 pairs (12.97, "
-     "measured 12.2); was the unpaired m64n128"),
-    ((4096, 576, 7168), (128, 144, 2, "A", 1, True),
-     "measured best (53.3 us; cuBLAS 49.8): 4 column blocks of 144 (a B tail of 16 instead of "
-     "a padded 64-wide piece) x 32 m blocks = 128 tiles, one shared wave (sm90.shared_wave: "
-     "the L2 rates x 1.5; A pairs allowed), tensor-core bound: 47.63 us, tied with the unpaired "
-     "tile (measured 56.0) and ahead on L2 traffic; 7% ahead of the former m128n192 on 96 CTAs "
-     "(51.09, measured 58.8)"),
-    ((4096, 32768, 512), (128, 256, 2, "B", 1),
-     "tensor-core bound: 128 column blocks of 256 x 16 m-block pairs = 32 waves (3% last): "
-     "209.9 us, ahead of the 224-wide pairs (36 waves, delivery bound: each lands 256 columns of "
-     "B). Measured 244.4 us against 263.1 for m128n224 pairs and 258.7 for m128n192 A pairs"),
+    (
+        (128, 576, 7168),
+        (64, 64, 1, "none", 4),
+        "2 m blocks of 64 x 9 column blocks of 64 x 4 splits = 72 units, L2 bound: 10.20 us "
+        "(measured 10.4; cuBLAS 10.3), 2% ahead of m64n48 split 3 (10.44, measured 13.1); split 3 "
+        "measured 9.8 (split 4 is 6% slower) but models 11.13 (a known misranking); m64n128 pairs "
+        "sharing B, split 8, model 12.37 (measured 12.2); unsplit, m64n16 models 12.21 (its 32-byte "
+        "pieces stream at 67%)",
+    ),
+    (
+        (128, 4096, 7168),
+        (64, 128, 2, "B", 2),
+        "measured best (21.7 us; cuBLAS 21.0): M is two m blocks of 64, so 32 m64n128 pairs share B "
+        "(sm90.single_wave_rule's exception), x 2 splits = 64 units, DRAM bound: 25.78 us, 2% "
+        "ahead of the former m128n128 split 4 (26.23, measured 25.2); the unsplit pairs, the "
+        "unpaired m64n128 and m128n64 all model 26.36 (measured 23.5, 22.9 and 22.9)",
+    ),
+    (
+        (128, 32768, 512),
+        (128, 128, 2, "A", 1),
+        "one m block: 256 column blocks of 128 in 128 pairs sharing A, 2 waves, DRAM bound: "
+        "12.56 us (measured 13.6; cuBLAS 13.8), tied with the unclustered m128n128 (less L2 "
+        "traffic; measured 13.2) and 2% ahead of m128n256 (one wave, 3 stages: 12.78, measured "
+        "14.2); 8 K blocks leave nothing to split. The measured best, m64n128 pairs sharing B "
+        "(13.1, 3% faster), models 13.80",
+    ),
+    (
+        (128, 7168, 16384),
+        (128, 128, 1, "none", 2),
+        "56 column blocks of 128 x 2 splits = 112 units of 128 K blocks, DRAM bound: 81.71 us "
+        "(measured 73.3; cuBLAS 68.2), 1.5% ahead of the unsplit m64n128 pairs sharing B, which "
+        "measured 65.9 but model 82.96 (a known misranking), 4% ahead of m128n192 split 3 (85.33, "
+        "measured 75.3)",
+    ),
+    (
+        (128, 7168, 2048),
+        (64, 128, 2, "B", 1),
+        "measured best (11.1 us; cuBLAS 11.2): M is two m blocks of 64, so 56 m64n128 pairs share "
+        "B (sm90.single_wave_rule's exception), DRAM bound: 11.93 us, 9% ahead of the unpaired "
+        "m64n128 and m128n64 (12.97; measured 12.6 and 11.2) and of the m64n112 pairs (12.97, "
+        "measured 12.2); was the unpaired m64n128",
+    ),
+    (
+        (4096, 576, 7168),
+        (128, 144, 2, "A", 1, True),
+        "measured best (53.3 us; cuBLAS 49.8): 4 column blocks of 144 (a B tail of 16 instead of "
+        "a padded 64-wide piece) x 32 m blocks = 128 tiles, one shared wave (sm90.shared_wave: "
+        "the L2 rates x 1.5; A pairs allowed), tensor-core bound: 47.63 us, tied with the unpaired "
+        "tile (measured 56.0) and ahead on L2 traffic; 7% ahead of the former m128n192 on 96 CTAs "
+        "(51.09, measured 58.8)",
+    ),
+    (
+        (4096, 32768, 512),
+        (128, 256, 2, "B", 1),
+        "tensor-core bound: 128 column blocks of 256 x 16 m-block pairs = 32 waves (3% last): "
+        "209.9 us, ahead of the 224-wide pairs (36 waves, delivery bound: each lands 256 columns of "
+        "B). Measured 244.4 us against 263.1 for m128n224 pairs and 258.7 for m128n192 A pairs",
+    ),
     ((4096, 4096, 7168), (128, 256, 2, "B", 1), "as 4096^3: 4 waves of 128x256 pairs, tensor-core bound"),
-    ((4096, 7168, 2048), (128, 256, 2, "B", 1),
-     "tensor-core bound: 28 column blocks of 256 x 16 m-block pairs = 7 waves (79% last); "
-     "ties m256n128 sharing A, with less L2 traffic"),
+    (
+        (4096, 7168, 2048),
+        (128, 256, 2, "B", 1),
+        "tensor-core bound: 28 column blocks of 256 x 16 m-block pairs = 7 waves (79% last); "
+        "ties m256n128 sharing A, with less L2 traffic",
+    ),
     ((4096, 7168, 16384), (128, 256, 2, "B", 1), "as 4096x7168x2048, 8x the K: 7 waves, no split"),
-    ((8192, 8192, 8192), (128, 256, 2, "B", 1),
-     "tensor-core bound: 32 column blocks of 256 x 32 m-block pairs = 16 waves (52% last), "
-     "ahead of 18 waves of 224-wide pairs, delivery bound (they land 256 columns of B each)"),
-    ((1, 4096, 7168), (64, 64, 1, "none", 1),
-     "measured best (17.0 us; cuBLAS 19.3): 64 column blocks of 64 with 13 stages, DRAM bound: "
-     "21.89 us (29% over the measurement: see KNOWN_OFF), 2% ahead of m64n64 split 2 (22.33; "
-     "measured 19.4, the best split measured); m64n128 split 4 models 22.68 (measured 19.7)"),
+    (
+        (8192, 8192, 8192),
+        (128, 256, 2, "B", 1),
+        "tensor-core bound: 32 column blocks of 256 x 32 m-block pairs = 16 waves (52% last), "
+        "ahead of 18 waves of 224-wide pairs, delivery bound (they land 256 columns of B each)",
+    ),
+    (
+        (1, 4096, 7168),
+        (64, 64, 1, "none", 1),
+        "measured best (17.0 us; cuBLAS 19.3): 64 column blocks of 64 with 13 stages, DRAM bound: "
+        "21.89 us (29% over the measurement: see KNOWN_OFF), 2% ahead of m64n64 split 2 (22.33; "
+        "measured 19.4, the best split measured); m64n128 split 4 models 22.68 (measured 19.7)",
+    ),
     ((16, 4096, 7168), (64, 64, 1, "none", 1), "as M=1: 21.95 us against 22.50 for split 2"),
-    ((64, 4096, 7168), (64, 64, 1, "none", 1),
-     "measured best (17.7 us; cuBLAS 21.1): 22.12 us, 4% ahead of split 2 (23.07, measured "
-     "19.95)"),
-    ((1, 7168, 2048), (64, 64, 1, "none", 1),
-     "112 column blocks of 64, one wave: 10.68 us (measured 10.3; cuBLAS 10.4), 10% ahead of "
-     "m64n128 and m128n64 (11.80; measured 10.6 and 10.2, the measured best by 0.9%)"),
+    (
+        (64, 4096, 7168),
+        (64, 64, 1, "none", 1),
+        "measured best (17.7 us; cuBLAS 21.1): 22.12 us, 4% ahead of split 2 (23.07, measured 19.95)",
+    ),
+    (
+        (1, 7168, 2048),
+        (64, 64, 1, "none", 1),
+        "112 column blocks of 64, one wave: 10.68 us (measured 10.3; cuBLAS 10.4), 10% ahead of "
+        "m64n128 and m128n64 (11.80; measured 10.6 and 10.2, the measured best by 0.9%)",
+    ),
     ((16, 7168, 2048), (64, 64, 1, "none", 1), "as M=1: 10.69 us (measured 10.0, the measured best)"),
-    ((64, 7168, 2048), (64, 64, 1, "none", 1),
-     "as M=1: 10.74 us (measured 10.5, the measured best; cuBLAS 10.7)"),
+    ((64, 7168, 2048), (64, 64, 1, "none", 1), "as M=1: 10.74 us (measured 10.5, the measured best; cuBLAS 10.7)"),
 ]
 
 # H200 measurements with programmatic dependent launch (bf16, layout nt, 132 SMs; per-call
@@ -303,8 +376,12 @@ H200_MEASURED = [
 # m64n128 at 128x2112x7168 runs 21.0 against 26.36. The unsplit m64n48 at 128x576x7168 runs
 # 21.9 against 16.08: its 32-byte runs stream slower than dram_run_overhead_bytes has them.
 TOLERANCE = 0.25
-KNOWN_OFF = {((1, 4096, 7168), (64, 64, 1, "none", 1)), ((128, 7168, 16384), (64, 128, 2, "B", 1)),
-             ((128, 576, 7168), (64, 48, 1, "none", 1)), ((128, 2112, 7168), (64, 128, 1, "none", 1))}
+KNOWN_OFF = {
+    ((1, 4096, 7168), (64, 64, 1, "none", 1)),
+    ((128, 7168, 16384), (64, 128, 2, "B", 1)),
+    ((128, 576, 7168), (64, 48, 1, "none", 1)),
+    ((128, 2112, 7168), (64, 128, 1, "none", 1)),
+}
 
 
 def _select_nt(shape):
@@ -317,8 +394,9 @@ def _got(cfg):
     return (cfg.block_m, cfg.block_n, cfg.cluster_size, cfg.multicast, cfg.split_k) + ((True,) if cfg.b_tail else ())
 
 
-@pytest.mark.parametrize("shape, expected, why", TABLE + PUBLIC,
-                         ids=[f"{m}x{n}x{k}" for (m, n, k), _, _ in TABLE + PUBLIC])
+@pytest.mark.parametrize(
+    "shape, expected, why", TABLE + PUBLIC, ids=[f"{m}x{n}x{k}" for (m, n, k), _, _ in TABLE + PUBLIC]
+)
 def test_selection_table(shape, expected, why):
     cfg = _select_nt(shape)
     assert _got(cfg) == expected, f"{shape}: expected {expected} because {why}; got {cfg.name}"
@@ -328,9 +406,11 @@ def test_table_covers_the_issue_grid_and_the_public_set():
     ms = {1, 16, 64, 128, 4096, 8192}
     got = {(m, n, k) for (m, n, k), _, _ in TABLE}
     assert got == {(m, n, k) for m in ms for n, k in DEEPSEEK + LLAMA}
-    public = {tuple(map(int, line.split())) for line in
-              (Path(__file__).parent.parent / "examples" / "public_shapes.txt").read_text().splitlines()
-              if line.strip() and not line.startswith("#")}
+    public = {
+        tuple(map(int, line.split()))
+        for line in (Path(__file__).parent.parent / "examples" / "public_shapes.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     pinned = [shape for shape, _, _ in TABLE + PUBLIC]
     assert len(pinned) == len(set(pinned))
     assert {shape for shape, _, _ in PUBLIC} <= public <= set(pinned)
@@ -339,26 +419,40 @@ def test_table_covers_the_issue_grid_and_the_public_set():
 def _measured_cost(shape, tile):
     block_m, block_n, cluster, multicast, split_k, *b_tail = tile
     p = Problem(*shape, "bf16", "bf16", "K", "N")
-    cfg = rules.base_config(p, H200, block_m=block_m, block_n=block_n, num_consumers=sm90.num_consumers_for(block_m),
-                            cluster_size=cluster, multicast=multicast)
+    cfg = rules.base_config(
+        p,
+        H200,
+        block_m=block_m,
+        block_n=block_n,
+        num_consumers=sm90.num_consumers_for(block_m),
+        cluster_size=cluster,
+        multicast=multicast,
+    )
     cfg, _ = sm90.with_stages(rules.with_fields(cfg, split_k=split_k, b_tail=bool(b_tail)), H200)
     assert check_config(cfg, p, H200) == [], (shape, tile)
     return sm90.cost_of(p, H200, cfg)
 
 
-@pytest.mark.parametrize("shape, better, better_us, worse, worse_us", H200_MEASURED,
-                         ids=[f"{m}x{n}x{k}-{i}" for i, ((m, n, k), *_) in enumerate(H200_MEASURED)])
+@pytest.mark.parametrize(
+    "shape, better, better_us, worse, worse_us",
+    H200_MEASURED,
+    ids=[f"{m}x{n}x{k}-{i}" for i, ((m, n, k), *_) in enumerate(H200_MEASURED)],
+)
 def test_model_ranks_and_times_the_h200_measurements(shape, better, better_us, worse, worse_us):
     good = _measured_cost(shape, better)
-    for tile, us, cand in [(better, better_us, good)] + ([(worse, worse_us, _measured_cost(shape, worse))] if worse else []):
+    for tile, us, cand in [(better, better_us, good)] + (
+        [(worse, worse_us, _measured_cost(shape, worse))] if worse else []
+    ):
         if (shape, tile) in KNOWN_OFF:
             continue
         model_us = cand.terms["model_us"]
         assert abs(model_us / us - 1) <= TOLERANCE, f"{shape} {tile}: models {model_us} us, measured {us}"
     if worse:
         bad = _measured_cost(shape, worse)
-        assert good.cost < bad.cost, (f"{shape}: measured {better} {better_us} us < {worse} {worse_us} us, but the "
-                                      f"model has {good.terms['model_us']} >= {bad.terms['model_us']}")
+        assert good.cost < bad.cost, (
+            f"{shape}: measured {better} {better_us} us < {worse} {worse_us} us, but the "
+            f"model has {good.terms['model_us']} >= {bad.terms['model_us']}"
+        )
 
 
 # Pipeline depth on 4096^3 (bf16, medians of three interleaved passes; the heuristics pick as
@@ -374,8 +468,9 @@ H200_STAGES = [
 def test_model_ranks_pipeline_depth_as_measured(tile, deep, shallow):
     p = Problem(4096, 4096, 4096)
     block_m, block_n, cluster, multicast = tile
-    base = rules.base_config(p, H200, block_m=block_m, block_n=block_n, num_consumers=2, cluster_size=cluster,
-                             multicast=multicast)
+    base = rules.base_config(
+        p, H200, block_m=block_m, block_n=block_n, num_consumers=2, cluster_size=cluster, multicast=multicast
+    )
     costs = [sm90.cost_of(p, H200, rules.with_fields(base, num_stages=stages)) for stages, _ in (deep, shallow)]
     assert costs[0].cost < costs[1].cost, [c.terms["model_us"] for c in costs]
     # and within TOLERANCE of the measured ratio of the two depths
@@ -393,9 +488,19 @@ def test_selection_is_close_to_the_measured_best():
         for tile, us in [(better, better_us)] + ([(worse, worse_us)] if worse else []):
             # a config listed twice carries the same time
             assert measured.setdefault(shape, {}).setdefault(tile, us) == us, (shape, tile)
-    for shape in [(1, 7168, 2048), (16, 7168, 2048), (64, 7168, 2048), (1, 4096, 7168), (64, 4096, 7168),
-                  (128, 2112, 7168), (128, 4096, 7168), (128, 7168, 2048), (128, 32768, 512),
-                  (128, 24576, 1536), (4096, 576, 7168)]:
+    for shape in [
+        (1, 7168, 2048),
+        (16, 7168, 2048),
+        (64, 7168, 2048),
+        (1, 4096, 7168),
+        (64, 4096, 7168),
+        (128, 2112, 7168),
+        (128, 4096, 7168),
+        (128, 7168, 2048),
+        (128, 32768, 512),
+        (128, 24576, 1536),
+        (4096, 576, 7168),
+    ]:
         got = _got(_select_nt(shape))
         assert got in measured[shape], (shape, got)
         assert measured[shape][got] <= 1.05 * min(measured[shape].values()), (shape, got)
@@ -406,10 +511,25 @@ def test_selection_is_close_to_the_measured_best():
 
 def _problems():
     ms = [1, 7, 16, 64, 100, 128, 129, 1000, 4096, 8192]
-    nks = [(2112, 7168), (24576, 1536), (4096, 4096), (14336, 4096), (576, 7168), (7168, 2048),
-           (1000, 1000), (129, 77), (32768, 512), (16, 16)]
-    combos = [(d, o, lay, c) for d in ("bf16", "fp16") for o in ("same", "fp32")
-              for lay in sorted(LAYOUTS) for c in (False, True)]
+    nks = [
+        (2112, 7168),
+        (24576, 1536),
+        (4096, 4096),
+        (14336, 4096),
+        (576, 7168),
+        (7168, 2048),
+        (1000, 1000),
+        (129, 77),
+        (32768, 512),
+        (16, 16),
+    ]
+    combos = [
+        (d, o, lay, c)
+        for d in ("bf16", "fp16")
+        for o in ("same", "fp32")
+        for lay in sorted(LAYOUTS)
+        for c in (False, True)
+    ]
     out = []
     for i, (m, (n, k)) in enumerate((m, nk) for m in ms for nk in nks):
         d, o, lay, c = combos[(i * 5) % len(combos)]
@@ -429,8 +549,14 @@ def test_every_selected_config_is_sound(device):
         lay = layout_of(cfg)
         where = f"{p.describe()} -> {cfg.name}"
         # the problem's own fields, the device's arch
-        assert (cfg.arch, cfg.dtype, cfg.out_dtype, cfg.a_major, cfg.b_major, cfg.has_c) == \
-            (device.arch, p.dtype, p.out_dtype, p.a_major, p.b_major, p.has_c), where
+        assert (cfg.arch, cfg.dtype, cfg.out_dtype, cfg.a_major, cfg.b_major, cfg.has_c) == (
+            device.arch,
+            p.dtype,
+            p.out_dtype,
+            p.a_major,
+            p.b_major,
+            p.has_c,
+        ), where
         assert cfg.block_k * 2 == 128, where
         # fits shared memory; at least 3 stages, 4 for tiles under 128x192
         assert lay.smem_bytes <= device.smem_capacity == CAPACITY, where
@@ -438,8 +564,10 @@ def test_every_selected_config_is_sound(device):
         if cfg.block_m * cfg.block_n < 128 * 192:
             assert cfg.num_stages >= 4, where
         # and no deeper than the cap, nor shallower than what fits
-        assert cfg.num_stages == rules.MAX_STAGES or sm90.stage_smem(
-            KernelConfig(**{**cfg.to_dict(), "num_stages": cfg.num_stages + 1})) > CAPACITY, where
+        assert (
+            cfg.num_stages == rules.MAX_STAGES
+            or sm90.stage_smem(KernelConfig(**{**cfg.to_dict(), "num_stages": cfg.num_stages + 1})) > CAPACITY
+        ), where
         # cluster divides the SM count; no multicast on a single wave of work units, except
         # pairs sharing B when M is exactly two m blocks and pairs sharing A in a shared wave
         # (sm90.single_wave_rule)
@@ -448,8 +576,11 @@ def test_every_selected_config_is_sound(device):
         tiles = num_m * -(-p.n // cfg.block_n)
         splits = geometry.num_splits(cfg, p.k)
         if tiles * splits <= device.num_sms:
-            assert cfg.cluster_size == 1 or (cfg.multicast == "B" and num_m == 2) or \
-                (cfg.multicast == "A" and sm90.shared_wave(p, device, cfg.block_m, cfg.block_n, splits, 2)), where
+            assert (
+                cfg.cluster_size == 1
+                or (cfg.multicast == "B" and num_m == 2)
+                or (cfg.multicast == "A" and sm90.shared_wave(p, device, cfg.block_m, cfg.block_n, splits, 2))
+            ), where
         # split-K: one of the candidate counts, >= 4 K blocks a split, one wave of units
         assert cfg.split_k in sm90.SPLITS and splits == cfg.split_k, where
         if cfg.split_k > 1:
@@ -459,7 +590,7 @@ def test_every_selected_config_is_sound(device):
         # register budget: 64K per SM after setmaxnreg, accumulators that do not spill
         assert sm90.register_budget(cfg.num_consumers) <= 65536, where
         assert lay.acc_regs <= sm90.ACC_REG_LIMIT, where
-        if cfg.split_k > 1:                   # the fix-up needs registers of its own
+        if cfg.split_k > 1:  # the fix-up needs registers of its own
             assert lay.acc_regs <= sm90.SPLITK_ACC_REG_LIMIT, where
         # consumer rule and DeepGEMM's block_m 256 rule
         assert cfg.num_consumers == (1 if cfg.block_m <= 64 else 2), where
@@ -514,15 +645,18 @@ def test_selection_is_deterministic_and_cached():
 def test_selection_does_not_depend_on_hash_seed(tmp_path):
     # Run outside the checkout: in its root, the checkout's jitgemm/ would shadow the installed
     # package.
-    code = ("from jitgemm.problem import Problem\n"
-            "from jitgemm.heuristics import select, DeviceSpec\n"
-            "for s in [(1,7168,2048),(4096,4096,4096),(8192,2112,7168),(1000,1000,1000),(333,129,77)]:\n"
-            "    print(select(Problem(*s), DeviceSpec()).name)\n")
+    code = (
+        "from jitgemm.problem import Problem\n"
+        "from jitgemm.heuristics import select, DeviceSpec\n"
+        "for s in [(1,7168,2048),(4096,4096,4096),(8192,2112,7168),(1000,1000,1000),(333,129,77)]:\n"
+        "    print(select(Problem(*s), DeviceSpec()).name)\n"
+    )
     outs = set()
     for seed in ("0", "1", "12345"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                             cwd=tmp_path, check=True)
+        res = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, check=True
+        )
         outs.add(res.stdout)
     assert len(outs) == 1
 
@@ -536,8 +670,14 @@ def test_select_rejects_unknown_arch():
 
 
 def test_large_problems_do_not_split():
-    for m, n, k in [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 2112, 7168), (4096, 7168, 16384),
-                    (4096, 24576, 1536), (8192, 4096, 4096)]:
+    for m, n, k in [
+        (4096, 4096, 4096),
+        (8192, 8192, 8192),
+        (4096, 2112, 7168),
+        (4096, 7168, 16384),
+        (4096, 24576, 1536),
+        (8192, 4096, 4096),
+    ]:
         for layout in ("nt", "nn"):
             a_major, b_major = LAYOUTS[layout]
             assert select(Problem(m, n, k, a_major=a_major, b_major=b_major), H200).split_k == 1
@@ -551,7 +691,10 @@ def test_cost_model_knows_mn_major_b_padding():
     c_n = sm90.cost_of(p_n, H200, KernelConfig(b_major="N", **base))
     c_k = sm90.cost_of(p_k, H200, KernelConfig(b_major="K", **base))
     assert c_n.terms["l2_bytes"] > c_k.terms["l2_bytes"]
-    assert layout_of(KernelConfig(b_major="N", **base)).smem_bytes > layout_of(KernelConfig(b_major="K", **base)).smem_bytes
+    assert (
+        layout_of(KernelConfig(b_major="N", **base)).smem_bytes
+        > layout_of(KernelConfig(b_major="K", **base)).smem_bytes
+    )
     # A multiple of 64 costs the same either way.
     base["block_n"] = 128
     c_n = sm90.cost_of(p_n, H200, KernelConfig(b_major="N", **base))
@@ -568,19 +711,19 @@ def test_stage_count_keeps_a_whole_tile_of_output_staging_unless_that_leaves_too
     wide384, stages = sm90.with_stages(KernelConfig(block_n=384, cluster_size=2, multicast="B"), H200)
     assert stages == 3 and layout_of(wide384).out_bufs == 2
     p = Problem(4096, 24576, 1536)
-    assert not check_config(wide384, p, H200)                  # 192 accumulators, one atom: no spill
+    assert not check_config(wide384, p, H200)  # 192 accumulators, one atom: no spill
     too_many = check_config(KernelConfig(block_m=256, block_n=192, num_stages=3), p, H200)
-    assert any("192 fp32 accumulator registers" in t for t in too_many)   # two atoms: it would spill
+    assert any("192 fp32 accumulator registers" in t for t in too_many)  # two atoms: it would spill
     assert max(c.block_n for c in (select(Problem(*s), H200) for s in ((4096, 24576, 1536), (8192, 8192, 8192)))) == 256
 
 
 def test_shared_wave_needs_one_wave_of_128_row_tiles_over_16_m_blocks():
-    assert sm90.shared_wave(Problem(4096, 576, 7168), H200, 128, 144, 1, 2)       # 128 tiles, 32 m blocks
-    assert sm90.shared_wave(Problem(2048, 576, 7168), H200, 128, 144, 2, 2)       # 64 tiles x 2 splits
-    assert not sm90.shared_wave(Problem(2048, 576, 7168), H200, 64, 144, 1, 2)    # 64-row tiles
-    assert not sm90.shared_wave(Problem(4096, 576, 7168), H200, 128, 96, 1, 1)    # 192 tiles: 2 waves
-    assert not sm90.shared_wave(Problem(1024, 576, 7168), H200, 128, 144, 1, 1)   # 8 m blocks
-    assert not sm90.shared_wave(Problem(4096, 256, 7168), H200, 128, 128, 1, 1)   # N < 512
+    assert sm90.shared_wave(Problem(4096, 576, 7168), H200, 128, 144, 1, 2)  # 128 tiles, 32 m blocks
+    assert sm90.shared_wave(Problem(2048, 576, 7168), H200, 128, 144, 2, 2)  # 64 tiles x 2 splits
+    assert not sm90.shared_wave(Problem(2048, 576, 7168), H200, 64, 144, 1, 2)  # 64-row tiles
+    assert not sm90.shared_wave(Problem(4096, 576, 7168), H200, 128, 96, 1, 1)  # 192 tiles: 2 waves
+    assert not sm90.shared_wave(Problem(1024, 576, 7168), H200, 128, 144, 1, 1)  # 8 m blocks
+    assert not sm90.shared_wave(Problem(4096, 256, 7168), H200, 128, 128, 1, 1)  # N < 512
     # only there do B tails and A pairs in one wave get costed
     assert select(Problem(4096, 576, 7168), H200).b_tail
     assert not select(Problem(128, 2112, 7168), H200).b_tail
@@ -605,7 +748,8 @@ def test_cost_model_reads_b_padding_from_the_layout():
         b = layout_of(cfg).b
         assert sm90.b_box_of(cfg) == b.num_pieces * b.piece_extent
         assert sm90.cost_of(p, H200, cfg).terms["l2_bytes"] == (
-            sm90.traffic(p, 64, block_n, sm90.b_box_of(cfg), "none").l2_reads * 4096 * 2)
+            sm90.traffic(p, 64, block_n, sm90.b_box_of(cfg), "none").l2_reads * 4096 * 2
+        )
     assert sm90.b_box_of(KernelConfig(block_n=176)) == 192
     assert sm90.b_box_of(KernelConfig(block_n=176, b_major="K")) == 176
 
@@ -615,9 +759,9 @@ def test_dram_stream_and_clock_credit():
     stage = 16384
     per_cta = [stage / cost.dram_stream_clk(r, 8, stage, a) for a in (1, 16, 64, 112, 128, 132)]
     chip = [a * stage / cost.dram_stream_clk(r, 8, stage, a) for a in (1, 16, 64, 112, 128, 132)]
-    assert per_cta == sorted(per_cta, reverse=True)          # each CTA gets less ...
-    assert chip == sorted(chip)                              # ... but the chip gets more
-    assert chip[-1] < r.dram_read_bytes_per_clk              # never more than the read bandwidth
+    assert per_cta == sorted(per_cta, reverse=True)  # each CTA gets less ...
+    assert chip == sorted(chip)  # ... but the chip gets more
+    assert chip[-1] < r.dram_read_bytes_per_clk  # never more than the read bandwidth
     # a CTA alone is latency bound: its bytes in flight over the DRAM latency
     assert per_cta[0] == pytest.approx(7 * stage / (r.dram_latency_clk + 7 * stage / r.dram_read_bytes_per_clk))
     # deeper pipelines stream more per CTA
@@ -645,40 +789,45 @@ def test_split_k_cost_terms():
     # the fix-up: split 1's store fence, split 0's load of the count, one round of loads
     assert two.terms["splitk_round_trips"] == 2 + 1
     assert two.terms["splitk_cycles"] >= 3 * sm90.L2_ROUND_TRIP_CLK
-    assert two.cost < one.cost                              # twice the streaming SMs pay for it
+    assert two.cost < one.cost  # twice the streaming SMs pay for it
     # a launch never uses more splits than K blocks (jitgemm.geometry.num_splits)
-    short = Problem(128, 7168, 200)                          # 4 K blocks
+    short = Problem(128, 7168, 200)  # 4 K blocks
     cfg = KernelConfig(**{**base.to_dict(), "split_k": 8})
     assert geometry.num_splits(cfg, short.k) == 4 == sm90.cost_of(short, H200, cfg).terms["split_k"]
 
 
 def test_partial_rows_and_readback_mirror_the_template():
     from importlib import resources
+
     src = resources.files("jitgemm.templates").joinpath("sm90/gemm.cu.j2").read_text()
-    fixup = src[src.index("split-K fix-up"):src.index("---- epilogue")]
+    fixup = src[src.index("split-K fix-up") : src.index("---- epilogue")]
     # rows: a thread stores rows r and r + 8 (one float4) when row r is live
     assert "warp * 16 + lane / 4 < rows_left" in fixup
-    assert sm90.partial_rows(1, 64, 1) == 2                 # M = 1 stores rows 0 and 8
+    assert sm90.partial_rows(1, 64, 1) == 2  # M = 1 stores rows 0 and 8
     assert sm90.partial_rows(16, 64, 1) == 16
     assert sm90.partial_rows(20, 64, 1) == 16 + 8
-    assert sm90.partial_rows(64, 128, 2) == 64               # the second warpgroup stores nothing
+    assert sm90.partial_rows(64, 128, 2) == 64  # the second warpgroup stores nothing
     assert sm90.partial_rows(4096, 128, 2) == 4096
     # the read-back the model assumes, one round trip per batch of splits: in the template the
     # loop over the batches encloses the (unrolled) loops over a batch's splits and the loads
     load = fixup.index("ld.global.cg")
     b_loop, j_loop = fixup.rindex("for (int s0", 0, load), fixup.rindex("for (int j", 0, load)
-    assert b_loop < fixup.rindex("for (int b", 0, load) < j_loop < load, \
+    assert b_loop < fixup.rindex("for (int b", 0, load) < j_loop < load, (
         "the split-K read-back no longer loops over batches of splits outermost"
+    )
     depth, end = 0, None
-    for pos in range(fixup.index(") {", b_loop) + 2, len(fixup)):      # the header holds Jinja braces
+    for pos in range(fixup.index(") {", b_loop) + 2, len(fixup)):  # the header holds Jinja braces
         depth += {"{": 1, "}": -1}.get(fixup[pos], 0)
         if depth == 0:
             end = pos
             break
     assert end is not None and load < end, "the read-back loads are outside the loop over the batches"
     # m64n64 (32 accumulators) loads 4 splits at a time, m128n128 (64 per warpgroup) 2, m128n192 1
-    for (block_m, block_n), rounds in [((64, 64), [0, 1, 1, 1, 2, 8]), ((128, 128), [0, 1, 1, 2, 4, 16]),
-                                       ((128, 192), [0, 1, 2, 3, 7, 31])]:
+    for (block_m, block_n), rounds in [
+        ((64, 64), [0, 1, 1, 1, 2, 8]),
+        ((128, 128), [0, 1, 1, 2, 4, 16]),
+        ((128, 192), [0, 1, 2, 3, 7, 31]),
+    ]:
         cfg = KernelConfig(block_m=block_m, block_n=block_n, num_consumers=1 if block_m == 64 else 2, split_k=32)
         assert [sm90.readback_rounds(layout_of(cfg), s) for s in (1, 2, 3, 4, 8, 32)] == rounds, (block_m, block_n)
     assert render(KernelConfig(block_m=64, block_n=64, num_consumers=1, split_k=4)).count("s0 += 3") == 1
@@ -692,8 +841,8 @@ def test_multicast_halves_the_shared_operand_traffic():
     plain = sm90.traffic(p, 128, 256, 256, "none")
     share_a = sm90.traffic(p, 128, 256, 256, "A")
     share_b = sm90.traffic(p, 128, 256, 256, "B")
-    a_rows = 16 * 4096      # 16 column blocks each read all 4096 rows of A
-    b_cols = 32 * 4096      # 32 row blocks each read all 4096 columns of B
+    a_rows = 16 * 4096  # 16 column blocks each read all 4096 rows of A
+    b_cols = 32 * 4096  # 32 row blocks each read all 4096 columns of B
     assert plain.l2_reads == a_rows + b_cols
     assert share_a.l2_reads == a_rows // 2 + b_cols
     assert share_b.l2_reads == a_rows + b_cols // 2
@@ -734,8 +883,21 @@ def test_explain_is_json_and_complete():
     costs = [c["cost"] for c in cands]
     assert costs == sorted(costs)
     for c in cands:
-        assert {"config", "name", "cost", "waves", "last_wave_util", "l2_bytes", "smem_bytes", "split_k",
-                "units", "kb_per_unit", "splitk_cycles", "workspace_bytes", "model_us"} <= set(c)
+        assert {
+            "config",
+            "name",
+            "cost",
+            "waves",
+            "last_wave_util",
+            "l2_bytes",
+            "smem_bytes",
+            "split_k",
+            "units",
+            "kb_per_unit",
+            "splitk_cycles",
+            "workspace_bytes",
+            "model_us",
+        } <= set(c)
         assert c["split_k"] == c["config"]["split_k"]
         KernelConfig.from_dict(c["config"])
     for r in e["rejected"]:
@@ -749,7 +911,7 @@ def test_explain_shows_split_k():
     assert chosen.split_k > 1 and e["chosen"]["split_k"] == chosen.split_k
     units = sm90.cluster_tiles_of(p, chosen.block_m, chosen.block_n, chosen.multicast) * chosen.split_k
     assert e["candidates"][0]["split_k"] == chosen.split_k and e["candidates"][0]["units"] == units
-    assert len({c["split_k"] for c in e["candidates"]}) > 1      # other split counts were costed
+    assert len({c["split_k"] for c in e["candidates"]}) > 1  # other split counts were costed
     assert e["candidates"][0]["launch_cycles"] == H200.rates.launch_clk + sm90.SPLITK_LAUNCH_CLK
     assert "split-K" in e["cost_model"]
 
@@ -758,12 +920,12 @@ def test_explain_names_the_rules():
     e = explain(Problem(64, 4096, 512, out_dtype="fp32"), H200, top=3)
     rules = " | ".join(r["rule"] for r in e["rejected"])
     assert "block_m 256 only with a 16-bit output" in rules
-    assert "single wave" in rules and "splits <=" in rules   # 8 K blocks: at most 2 splits
+    assert "single wave" in rules and "splits <=" in rules  # 8 K blocks: at most 2 splits
     e = explain(Problem(8192, 8192, 8192), H200)
     rules = " | ".join(r["rule"] for r in e["rejected"])
     assert "register budget" in rules
     assert "pipeline stages" in rules
-    assert "even number of 64-wide pieces" in rules     # B is N-major: multicast B needs whole pairs
+    assert "even number of 64-wide pieces" in rules  # B is N-major: multicast B needs whole pairs
 
 
 # ----------------------------------------------------------------------------- check_config
@@ -788,8 +950,9 @@ def test_check_config_smem_registers_structure():
     p = Problem(4096, 4096, 4096)
     too_deep = check_config(_cfg(num_stages=8), p, H200)
     assert any("shared memory" in r and "232448" in r for r in too_deep)
-    spills = check_config(_cfg(block_m=128, block_n=256, num_consumers=1, cluster_size=1,
-                               multicast="none", num_stages=3), p, H200)
+    spills = check_config(
+        _cfg(block_m=128, block_n=256, num_consumers=1, cluster_size=1, multicast="none", num_stages=3), p, H200
+    )
     assert any("256 fp32 accumulator registers" in r for r in spills)
     structure = check_config(_cfg(block_m=64, num_consumers=2, block_n=128), p, H200)
     assert any("multiple of 64 rows" in r for r in structure)
@@ -801,9 +964,9 @@ def test_check_config_lets_split_k_run_past_one_wave():
     # no split waits for one that has not started (the last to finish reduces), so a forced
     # config may have more work units than one wave; the heuristics themselves keep to one wave
     p = Problem(64, 4096, 7168)
-    cfg = select(p, H200)                       # m64n64: 64 tiles
+    cfg = select(p, H200)  # m64n64: 64 tiles
     assert (cfg.block_m, cfg.block_n, cfg.split_k) == (64, 64, 1)
-    for split_k in (1, 2, 3, 8):                # 64 to 512 work units over 132 CTAs
+    for split_k in (1, 2, 3, 8):  # 64 to 512 work units over 132 CTAs
         assert check_config(KernelConfig(**{**cfg.to_dict(), "split_k": split_k}), p, H200) == []
     # ... but the reducer holds a split of partials in registers besides its accumulators
     p = Problem(1000, 1000, 4096)
@@ -819,10 +982,20 @@ def test_require_valid_raises_with_reasons():
     assert heuristics.require_valid(_cfg(), p, H200) == _cfg()
 
 
-@pytest.mark.parametrize("field, value", [
-    ("num_stages", float("nan")), ("num_consumers", True), ("num_consumers", 1.0), ("cluster_size", 2.0),
-    ("swap_ab", [1]), ("has_c", 1), ("arch", 90), ("block_m", "128"), ("split_k", None),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("num_stages", float("nan")),
+        ("num_consumers", True),
+        ("num_consumers", 1.0),
+        ("cluster_size", 2.0),
+        ("swap_ab", [1]),
+        ("has_c", 1),
+        ("arch", 90),
+        ("block_m", "128"),
+        ("split_k", None),
+    ],
+)
 def test_kernel_config_fields_have_exact_types(field, value):
     with pytest.raises(ValueError, match=f"invalid KernelConfig: {field} must be (int|bool|str), got"):
         KernelConfig(**{field: value})
@@ -856,7 +1029,7 @@ def test_a_rows_from_the_env_is_checked_against_m(monkeypatch):
 
 def test_tile_counts_that_wrap_int32_are_rejected():
     """The templates count work units and raster groups in 32-bit ints."""
-    huge = Problem(1 << 25, 1 << 15, 64)      # 2^40 output elements, the most a Problem takes
+    huge = Problem(1 << 25, 1 << 15, 64)  # 2^40 output elements, the most a Problem takes
     with pytest.raises(ValueError, match="exceed"):
         Problem(1 << 25, (1 << 15) + 1, 64)
     with pytest.raises(ValueError, match=r"Problem.k must be an int in \[1, 2147482624\]"):
@@ -864,7 +1037,7 @@ def test_tile_counts_that_wrap_int32_are_rejected():
     tiny = KernelConfig(block_m=64, block_n=16, num_consumers=1, group_size=16)
     reasons = check_config(rules.with_fields(tiny, split_k=4), huge, H200)
     assert any("32-bit work unit count" in r for r in reasons), reasons
-    wide = Problem(1, (1 << 31) - 1024, 64)    # one m block, 2^27 n blocks of 16: group 4096 wraps
+    wide = Problem(1, (1 << 31) - 1024, 64)  # one m block, 2^27 n blocks of 16: group 4096 wraps
     assert any("raster group" in r for r in check_config(rules.with_fields(tiny, group_size=4096), wide, H200))
     # select never picks such a tiling; what it picks passes the checks
     for p in (huge, wide):
@@ -911,8 +1084,12 @@ def test_env_split_k(monkeypatch):
     monkeypatch.setenv("JITGEMM_CONFIG", '{"split_k": 2}')
     cfg = config_from_env(p, H200)
     assert cfg.split_k == 2 and check_config(cfg, p, H200) == []
-    assert (cfg.block_m, cfg.block_n, cfg.cluster_size, cfg.num_stages) == \
-        (chosen.block_m, chosen.block_n, chosen.cluster_size, chosen.num_stages)
+    assert (cfg.block_m, cfg.block_n, cfg.cluster_size, cfg.num_stages) == (
+        chosen.block_m,
+        chosen.block_n,
+        chosen.cluster_size,
+        chosen.num_stages,
+    )
     assert cfg == sm90.with_raster(KernelConfig(**{**chosen.to_dict(), "split_k": 2}), p, H200)
     # a split chosen by select is kept when only the raster changes, re-derived with the tile,
     # and turned off by split_k 1
@@ -927,27 +1104,31 @@ def test_env_split_k(monkeypatch):
     monkeypatch.setenv("JITGEMM_CONFIG", '{"block_m": 128, "block_n": 128, "split_k": 2}')
     assert config_from_env(q, H200).split_k == 2
     monkeypatch.setenv("JITGEMM_CONFIG", '{"split_k": 1}')
-    assert config_from_env(q, H200) == sm90.with_raster(KernelConfig(**{**select(q, H200).to_dict(),
-                                                                        "split_k": 1}), q, H200)
+    assert config_from_env(q, H200) == sm90.with_raster(
+        KernelConfig(**{**select(q, H200).to_dict(), "split_k": 1}), q, H200
+    )
 
 
-@pytest.mark.parametrize("text, message", [
-    ('{"split_k": 0}', "JITGEMM_CONFIG=.*split_k must be in \\[1, 32\\]"),
-    ('{"split_k": 33}', "JITGEMM_CONFIG=.*split_k must be in \\[1, 32\\]"),
-    ('{"split_k": 2.0}', "JITGEMM_CONFIG: field 'split_k' must be int"),
-    ("{not json", "JITGEMM_CONFIG must be a JSON object"),
-    ("[1, 2]", "JITGEMM_CONFIG must be a JSON object"),
-    ('{"block_q": 1}', r"JITGEMM_CONFIG: unknown KernelConfig fields \['block_q'\]"),
-    ("[" * 100_000, r"JITGEMM_CONFIG must be a JSON object .*: not valid JSON \(nested too deeply\)"),
-    ('{"num_stages": NaN}', "JITGEMM_CONFIG: field 'num_stages' must be int"),
-    ('{"block_n": "128"}', "JITGEMM_CONFIG: field 'block_n' must be int"),
-    ('{"has_c": 1}', "JITGEMM_CONFIG: field 'has_c' must be bool"),
-    ('{"block_n": 100}', "JITGEMM_CONFIG=.*block_n must be a multiple of 16"),
-    ('{"dtype": "fp16"}', "JITGEMM_CONFIG=.*dtype is 'fp16' but the problem has 'bf16'"),
-    ('{"block_m": 128, "block_n": 256, "num_stages": 9}', "JITGEMM_CONFIG=.*shared memory"),
-    ('{"block_m": 128, "block_n": 256, "num_consumers": 1}', "JITGEMM_CONFIG=.*accumulator registers"),
-    ('{"block_n": 192, "multicast": "B"}', "JITGEMM_CONFIG=.*even number of 64-wide pieces"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"split_k": 0}', "JITGEMM_CONFIG=.*split_k must be in \\[1, 32\\]"),
+        ('{"split_k": 33}', "JITGEMM_CONFIG=.*split_k must be in \\[1, 32\\]"),
+        ('{"split_k": 2.0}', "JITGEMM_CONFIG: field 'split_k' must be int"),
+        ("{not json", "JITGEMM_CONFIG must be a JSON object"),
+        ("[1, 2]", "JITGEMM_CONFIG must be a JSON object"),
+        ('{"block_q": 1}', r"JITGEMM_CONFIG: unknown KernelConfig fields \['block_q'\]"),
+        ("[" * 100_000, r"JITGEMM_CONFIG must be a JSON object .*: not valid JSON \(nested too deeply\)"),
+        ('{"num_stages": NaN}', "JITGEMM_CONFIG: field 'num_stages' must be int"),
+        ('{"block_n": "128"}', "JITGEMM_CONFIG: field 'block_n' must be int"),
+        ('{"has_c": 1}', "JITGEMM_CONFIG: field 'has_c' must be bool"),
+        ('{"block_n": 100}', "JITGEMM_CONFIG=.*block_n must be a multiple of 16"),
+        ('{"dtype": "fp16"}', "JITGEMM_CONFIG=.*dtype is 'fp16' but the problem has 'bf16'"),
+        ('{"block_m": 128, "block_n": 256, "num_stages": 9}', "JITGEMM_CONFIG=.*shared memory"),
+        ('{"block_m": 128, "block_n": 256, "num_consumers": 1}', "JITGEMM_CONFIG=.*accumulator registers"),
+        ('{"block_n": 192, "multicast": "B"}', "JITGEMM_CONFIG=.*even number of 64-wide pieces"),
+    ],
+)
 def test_env_errors_name_the_variable(monkeypatch, text, message):
     monkeypatch.setenv("JITGEMM_CONFIG", text)
     with pytest.raises(ValueError, match=message):
@@ -984,7 +1165,7 @@ def test_env_override_on_sm100_follows_the_sm100_rules(monkeypatch):
     monkeypatch.setenv("JITGEMM_CONFIG", '{"swap_ab": true, "cluster_size": 2, "block_m": 128, "block_n": 64}')
     cfg = config_from_env(small, dev)
     assert (cfg.cluster_size, cfg.multicast, cfg.swap_ab) == (2, "A", True) and check_config(cfg, small, dev) == []
-    monkeypatch.setenv("JITGEMM_CONFIG", '{"swap_ab": true}')            # select's pair, if any, follows
+    monkeypatch.setenv("JITGEMM_CONFIG", '{"swap_ab": true}')  # select's pair, if any, follows
     cfg = config_from_env(small, dev)
     assert cfg.swap_ab and cfg.multicast == ("A" if cfg.cluster_size == 2 else "none")
     monkeypatch.setenv("JITGEMM_CONFIG", '{"cluster_size": 2, "block_m": 128, "swap_ab": false}')
@@ -1007,11 +1188,16 @@ def test_env_override_on_sm100_follows_the_sm100_rules(monkeypatch):
 
 def test_heuristics_reach_each_arch_through_the_registry(monkeypatch):
     from jitgemm import registry
+
     calls = []
-    fake = types.SimpleNamespace(select=lambda p, d: calls.append(("select", p, d)) or "picked",
-                                 explain=lambda p, d, top: calls.append(("explain", p, d, top)) or {"chosen": "x"})
+    fake = types.SimpleNamespace(
+        select=lambda p, d: calls.append(("select", p, d)) or "picked",
+        explain=lambda p, d, top: calls.append(("explain", p, d, top)) or {"chosen": "x"},
+    )
     real = registry.get
-    monkeypatch.setattr(registry, "get", lambda name: types.SimpleNamespace(rules=fake) if name == "sm_100a" else real(name))
+    monkeypatch.setattr(
+        registry, "get", lambda name: types.SimpleNamespace(rules=fake) if name == "sm_100a" else real(name)
+    )
     dev = DeviceSpec("sm_100a", 148)
     p = Problem(1, 2, 3)
     assert select(p, dev) == "picked"
@@ -1020,11 +1206,18 @@ def test_heuristics_reach_each_arch_through_the_registry(monkeypatch):
 
 
 def test_backends_load_on_first_use():
-    code = ("import sys, jitgemm; from jitgemm.heuristics import DeviceSpec, select; from jitgemm.problem import Problem; "
-            "select(Problem(128, 256, 512), DeviceSpec('sm_90a', 132)); "
-            "print(sorted(m for m in sys.modules if m.startswith('jitgemm.archs.') and m.endswith('.arch')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parent.parent)
+    code = (
+        "import sys, jitgemm; from jitgemm.heuristics import DeviceSpec, select; from jitgemm.problem import Problem; "
+        "select(Problem(128, 256, 512), DeviceSpec('sm_90a', 132)); "
+        "print(sorted(m for m in sys.modules if m.startswith('jitgemm.archs.') and m.endswith('.arch')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert out.stdout.strip() == "['jitgemm.archs.sm90.arch']"
 
 
@@ -1037,7 +1230,7 @@ def test_shared_modules_import_no_arch_backend(module):
     imported = [("." * node.level) + (node.module or "") for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
     assert not [name for name in imported if name.startswith("jitgemm.archs")], imported
-    if module is tiles:      # jitgemm.geometry: below the heuristics and the backends
+    if module is tiles:  # jitgemm.geometry: below the heuristics and the backends
         assert not [name for name in imported if name.startswith(("jitgemm", ".."))], imported
 
 
@@ -1051,9 +1244,13 @@ def test_waves_of():
 
 
 def test_max_stages_matches_brute_force():
-    for cfg in [KernelConfig(), KernelConfig(block_m=64, block_n=16, num_consumers=1),
-                KernelConfig(block_m=256, block_n=128, out_dtype="fp32"),
-                KernelConfig(block_n=112, b_major="N"), KernelConfig(block_n=256, out_dtype="fp32")]:
+    for cfg in [
+        KernelConfig(),
+        KernelConfig(block_m=64, block_n=16, num_consumers=1),
+        KernelConfig(block_m=256, block_n=128, out_dtype="fp32"),
+        KernelConfig(block_n=112, b_major="N"),
+        KernelConfig(block_n=256, out_dtype="fp32"),
+    ]:
         brute = 0
         for s in range(2, rules.MAX_STAGES + 1):
             if layout_of(KernelConfig(**{**cfg.to_dict(), "num_stages": s})).smem_bytes <= CAPACITY:
@@ -1083,12 +1280,12 @@ def test_tile_order_visits_every_tile_once(pair, raster):
     for item in tiles.tile_order(num_m, num_n, raster, 3, pair):
         seen.extend(item)
         if pair == "A":
-            assert item[0][0] == item[1][0]          # same m block: they share A
+            assert item[0][0] == item[1][0]  # same m block: they share A
         if pair == "B":
-            assert item[0][1] == item[1][1]          # same n block: they share B
+            assert item[0][1] == item[1][1]  # same n block: they share B
     assert set(seen) == {(m, n) for m in range(num_m) for n in range(num_n)}
     dupes = len(seen) - num_m * num_n
-    assert dupes == {"none": 0, "A": num_m, "B": num_n}[pair]   # peers past the edge
+    assert dupes == {"none": 0, "A": num_m, "B": num_n}[pair]  # peers past the edge
 
 
 def test_choose_raster_minimises_the_working_set():
@@ -1101,13 +1298,20 @@ def test_choose_raster_minimises_the_working_set():
     p = Problem(8192, 8192, 8192)
     cfg = select(p, H200)
     b_box = -(-cfg.block_n // 64) * 64
-    r, g, _ = tiles.choose_raster(-(-p.m // cfg.block_m), -(-p.n // cfg.block_n), cfg.block_m, b_box,
-                                  H200.num_sms // cfg.cluster_size, cfg.multicast)
+    r, g, _ = tiles.choose_raster(
+        -(-p.m // cfg.block_m),
+        -(-p.n // cfg.block_n),
+        cfg.block_m,
+        b_box,
+        H200.num_sms // cfg.cluster_size,
+        cfg.multicast,
+    )
     assert (cfg.raster, cfg.group_size) == (r, g)
 
 
 def test_register_split_matches_the_template():
     from importlib import resources
+
     src = resources.files("jitgemm.templates").joinpath("sm90/gemm.cu.j2").read_text()
     assert f"setmaxnreg_dec<{sm90.PRODUCER_REGS}>" in src
     assert f"setmaxnreg_inc<{sm90.CONSUMER_REGS}>" in src
@@ -1120,5 +1324,5 @@ def test_decode_tiles_load_only_the_rows_of_a_that_exist():
     one = select(Problem(1, 4096, 7168, "bf16", "bf16", "K", "N"), H200)
     assert one.a_rows == 8 and one.block_m == 64
     assert select(Problem(20, 4096, 7168, "bf16", "bf16", "K", "N"), H200).a_rows == 24
-    assert select(Problem(1, 4096, 7168, "bf16", "bf16", "M", "N"), H200).a_rows == 0   # M-major A
+    assert select(Problem(1, 4096, 7168, "bf16", "bf16", "M", "N"), H200).a_rows == 0  # M-major A
     assert select(Problem(4096, 4096, 4096, "bf16", "bf16", "K", "N"), H200).a_rows == 0

@@ -1,4 +1,5 @@
 """CPU tests of launch geometry: work units per K split and the split count."""
+
 from jitgemm import registry
 from jitgemm.config import KernelConfig
 from jitgemm.geometry import num_splits
@@ -10,23 +11,31 @@ def test_cluster_tiles_pair_up_along_the_multicast_side():
     plain = KernelConfig(block_m=128, block_n=128)
     assert cluster_tiles(plain, 1000, 1000) == 8 * 8
     pair_n = KernelConfig(block_m=128, block_n=128, cluster_size=2, multicast="A")
-    assert cluster_tiles(pair_n, 1000, 5 * 128) == 8 * 3        # 5 column blocks -> 3 pairs
+    assert cluster_tiles(pair_n, 1000, 5 * 128) == 8 * 3  # 5 column blocks -> 3 pairs
     pair_m = KernelConfig(block_m=128, block_n=128, cluster_size=2, multicast="B")
-    assert cluster_tiles(pair_m, 3 * 128, 256) == 2 * 2         # 3 row blocks -> 2 pairs
+    assert cluster_tiles(pair_m, 3 * 128, 256) == 2 * 2  # 3 row blocks -> 2 pairs
 
 
 def test_num_splits_never_leaves_a_split_empty():
     cfg = KernelConfig(split_k=8)
     assert num_splits(cfg, 4096) == 8
-    assert num_splits(cfg, 200) == 4          # 4 K blocks of 64
+    assert num_splits(cfg, 200) == 4  # 4 K blocks of 64
     assert num_splits(cfg, 1) == 1
     assert num_splits(KernelConfig(), 4096) == 1
 
 
 def _kernel(waits: bool):
     from jitgemm.runtime import LoadedKernel
-    return LoadedKernel(module=None, function=None, name=f"k{waits}", smem_bytes=1024, num_threads=384,
-                        cluster_size=2, waits_for_previous_grid=waits)
+
+    return LoadedKernel(
+        module=None,
+        function=None,
+        name=f"k{waits}",
+        smem_bytes=1024,
+        num_threads=384,
+        cluster_size=2,
+        waits_for_previous_grid=waits,
+    )
 
 
 def _attribute_ids(cfg):
@@ -35,12 +44,16 @@ def _attribute_ids(cfg):
 
 def test_programmatic_launch_only_for_kernels_that_wait(monkeypatch):
     from cuda.bindings import driver
+
     from jitgemm import runtime
+
     ids = driver.CUlaunchAttributeID
     monkeypatch.delenv(runtime.ENV_PDL, raising=False)
     waiting = runtime.launch_config(_kernel(True), 132, 0)
-    assert _attribute_ids(waiting) == [ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-                                       ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION]
+    assert _attribute_ids(waiting) == [
+        ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+    ]
     assert waiting.attrs[1].value.programmaticStreamSerializationAllowed == 1
     assert waiting.attrs[0].value.clusterDim.x == 2
     # A kernel without griddepcontrol.wait could read its inputs before the previous kernel wrote them.
@@ -51,6 +64,7 @@ def test_programmatic_launch_only_for_kernels_that_wait(monkeypatch):
 
 def test_only_templates_that_wait_are_launched_programmatically():
     from jitgemm.render import render
+
     for name in registry.ARCH_NAMES:
         source = render(KernelConfig(arch=name, num_consumers=1))
         assert ("griddepcontrol.wait" in source) == registry.get(name).waits_for_previous_grid, name
@@ -59,12 +73,14 @@ def test_only_templates_that_wait_are_launched_programmatically():
 def test_graph_workspace_semaphore_sees_the_cuda_callback():
     """CUDA calls libc's sem_post (as a CUhostFn) when a graph holding split-K buffers is gone."""
     import ctypes
+
     from jitgemm.launch import _Semaphore
+
     sem = _Semaphore.create()
     assert sem is not None
-    assert not sem.try_wait_and_free()                   # not posted yet: buffers stay
+    assert not sem.try_wait_and_free()  # not posted yet: buffers stay
     callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_Semaphore.post_address())
-    callback(sem.address)                                # what the user object's destructor does
+    callback(sem.address)  # what the user object's destructor does
     assert sem.try_wait_and_free()
 
 
@@ -72,8 +88,11 @@ def test_graph_workspaces_free_only_released_buffers_of_the_current_device(monke
     """The buffers of a destroyed graph are freed at the next capture on their device; those
     of live graphs, and of other devices (another context), stay."""
     import ctypes
+
     from cuda.bindings import driver
+
     from jitgemm import launch
+
     ok = driver.CUresult.CUDA_SUCCESS
     freed, modes = [], []
     monkeypatch.setattr(driver, "cuMemFreeAsync", lambda ptr, stream: (freed.append(ptr), (ok,))[1])
@@ -87,11 +106,11 @@ def test_graph_workspaces_free_only_released_buffers_of_the_current_device(monke
         ws.tied.append((sem, key))
         ws.live[key] = [(1000 + key[1], 256, 256), (2000 + key[1], 512, 256)]
         if name.startswith("gone"):
-            post(sem.address)               # CUDA's destructor callback
+            post(sem.address)  # CUDA's destructor callback
     ws._free_released(0)
     assert sorted(freed) == [1001, 2001]
     assert set(ws.live) == {graphs["alive on 0"], graphs["gone on 1"]}
     assert [key for _, key in ws.tied] == [graphs["alive on 0"], graphs["gone on 1"]]
-    assert len(modes) == 2                  # relaxed capture mode set, then restored
+    assert len(modes) == 2  # relaxed capture mode set, then restored
     ws._free_released(1)
     assert sorted(freed) == [1001, 1003, 2001, 2003]

@@ -1,8 +1,10 @@
 """The package's structure (issue 17): no module-level import cycles, arch names told apart only
 by the registry, and a package list in pyproject that ships every module."""
+
 import ast
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"jitgemm": ROOT / "jitgemm", "jitgemm.heuristics": ROOT / "heuristics"}
@@ -30,7 +32,7 @@ def _module_level_imports(name: str, path: Path, is_init: bool, known: dict) -> 
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             for alias in node.names:
                 deps.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
         elif isinstance(node, ast.Import):

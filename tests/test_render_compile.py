@@ -1,4 +1,5 @@
 """CPU tests of the sm_90a template: rendering, NVRTC compilation and the SASS it produces."""
+
 import re
 
 import jinja2
@@ -27,7 +28,9 @@ KNOB_CONFIGS = [
     KernelConfig(block_n=384, num_stages=3, cluster_size=2, multicast="B"),
     KernelConfig(block_n=336, num_stages=3, b_tail=True, a_major="M", dtype="fp16", out_dtype="fp32"),
     KernelConfig(block_n=160, num_stages=5, cluster_size=2, multicast="B", swap_ab=True),
-    KernelConfig(block_m=256, block_n=96, num_stages=4, swap_ab=True, a_major="M", b_major="K", dtype="fp16", out_dtype="fp16"),
+    KernelConfig(
+        block_m=256, block_n=96, num_stages=4, swap_ab=True, a_major="M", b_major="K", dtype="fp16", out_dtype="fp16"
+    ),
 ]
 
 
@@ -38,7 +41,9 @@ def test_compiles_to_hgmma_without_spills(cfg):
     result = compiler.compile_cubin(source, "sm_90a", name=f"{kernel_name(cfg)}.cu")
     report = inspect_cubin(result.cubin)
     assert report.mma_counts.get("HGMMA", 0) > 0, "no wgmma (HGMMA) in the SASS"
-    assert not report.spills, f"local memory use: stack={report.stack_bytes} LDL={report.local_loads} STL={report.local_stores}"
+    assert not report.spills, (
+        f"local memory use: stack={report.stack_bytes} LDL={report.local_loads} STL={report.local_stores}"
+    )
     assert kernel_name(cfg) in report.sass
     # The register split must have taken effect (ptxas reports C7508 otherwise, which fails the compile).
     assert "USETMAXREG" in report.sass
@@ -48,7 +53,7 @@ def test_rendering_is_deterministic_and_config_specific():
     a, b = KNOB_CONFIGS[0], KNOB_CONFIGS[1]
     assert render(a) == render(a)
     assert render(a) != render(b)
-    src = render(KNOB_CONFIGS[3])   # block_n = 112
+    src = render(KNOB_CONFIGS[3])  # block_n = 112
     assert "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16" in src
 
 
@@ -69,6 +74,7 @@ def test_multicast_kernels_use_cluster_features():
 
 def test_strict_undefined_rejects_missing_variables():
     from jitgemm.render import environment as _environment
+
     env = _environment()
     with pytest.raises(jinja2.UndefinedError):
         env.from_string("{{ missing_value }}").render()
@@ -79,12 +85,15 @@ def test_compile_error_names_the_source():
         compiler.compile_cubin("this is not C++", "sm_90a", source_path="/tmp/x.cu")
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(block_m=64, num_consumers=2), "multiple of 64 rows"),
-    (dict(cluster_size=2, multicast="none"), "needs multicast"),
-    (dict(block_n=192, cluster_size=2, multicast="B", b_major="N"), "even number of 64-wide pieces"),
-    (dict(a_rows=16, a_major="M"), "a_rows needs a K-major A"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(block_m=64, num_consumers=2), "multiple of 64 rows"),
+        (dict(cluster_size=2, multicast="none"), "needs multicast"),
+        (dict(block_n=192, cluster_size=2, multicast="B", b_major="N"), "even number of 64-wide pieces"),
+        (dict(a_rows=16, a_major="M"), "a_rows needs a K-major A"),
+    ],
+)
 def test_layout_rejects_configs_the_template_cannot_honour(bad, message):
     cfg = KernelConfig(**bad)
     assert any(message in p for p in structural_problems(cfg))
@@ -120,8 +129,12 @@ def test_b_tail_loads_no_padding_columns():
     assert '"+f"(d[64])' in src and '"+f"(d[71])' in src
     three = layout_of(KernelConfig(block_n=176, num_stages=4, b_tail=True)).b.tail
     assert (three.extent, three.num_pieces, three.piece_extent) == (48, 3, 16)
-    for bad in (dict(block_n=128), dict(block_n=144, b_major="K"), dict(block_n=144, cluster_size=2, multicast="B"),
-                dict(block_m=64, num_consumers=1, block_n=48)):
+    for bad in (
+        dict(block_n=128),
+        dict(block_n=144, b_major="K"),
+        dict(block_n=144, cluster_size=2, multicast="B"),
+        dict(block_m=64, num_consumers=1, block_n=48),
+    ):
         problems = structural_problems(KernelConfig(b_tail=True, **bad))
         assert any("b_tail needs" in p for p in problems), bad
 
@@ -138,25 +151,31 @@ def test_wide_tiles_take_two_wgmmas_and_a_ring_of_staging_buffers():
     src = render(wide)
     assert "m64n256k16" in src and "m64n128k16" in src and "out_box++ % OUT_BUFS" in src
     tailed = layout_of(KernelConfig(block_n=336, num_stages=3, b_tail=True))
-    assert [(s["n"], s["first_acc"], s["offset"]) for s in b_slices(tailed)] == [(256, 0, 0), (64, 128, 32768), (16, 160, 40960)]
+    assert [(s["n"], s["first_acc"], s["offset"]) for s in b_slices(tailed)] == [
+        (256, 0, 0),
+        (64, 128, 32768),
+        (16, 160, 40960),
+    ]
     # A tile whose whole staging fits keeps one buffer per box and stores them together.
     whole = layout_of(KernelConfig(block_n=256, num_stages=3))
-    assert whole.out_bufs == whole.num_out_pieces == 4 and "out_box" not in render(KernelConfig(block_n=256, num_stages=3))
-    assert layout_of(KernelConfig(block_n=256, num_stages=4)).out_bufs == 2     # a 4th stage only fits beside a ring
+    assert whole.out_bufs == whole.num_out_pieces == 4 and "out_box" not in render(
+        KernelConfig(block_n=256, num_stages=3)
+    )
+    assert layout_of(KernelConfig(block_n=256, num_stages=4)).out_bufs == 2  # a 4th stage only fits beside a ring
     assert any("needs an N-major B" in p for p in structural_problems(KernelConfig(block_n=384, b_major="K")))
 
 
 def test_layout_arithmetic():
     lay = layout_of(KernelConfig(block_m=128, block_n=256, num_stages=3))
-    assert lay.stage_bytes == 128 * 128 + 256 * 128          # A and B tiles, 128 bytes per row
+    assert lay.stage_bytes == 128 * 128 + 256 * 128  # A and B tiles, 128 bytes per row
     assert lay.smem_bytes <= 232448
     assert lay.num_threads == 384 and lay.wg_m == 64
     assert lay.acc_regs == 128
     nn = layout_of(KernelConfig(block_n=208, b_major="N", num_stages=3))
-    assert nn.b.num_pieces == 4 and nn.b.tile_bytes == 4 * 64 * 128   # MN-major: 64-wide pieces
-    assert nn.out_swizzle == 32 and nn.num_out_pieces == 13           # 208 = 13 x 16 columns
+    assert nn.b.num_pieces == 4 and nn.b.tile_bytes == 4 * 64 * 128  # MN-major: 64-wide pieces
+    assert nn.out_swizzle == 32 and nn.num_out_pieces == 13  # 208 = 13 x 16 columns
     decode = layout_of(KernelConfig(block_m=64, num_consumers=1, block_n=64, a_rows=8))
-    assert decode.a.box == (64, 8) and decode.a.tile_bytes == 64 * 128     # loads 8 rows of 64
+    assert decode.a.box == (64, 8) and decode.a.tile_bytes == 64 * 128  # loads 8 rows of 64
     assert decode.stage_tx_bytes == 8 * 128 + 64 * 128 and decode.stage_bytes == 2 * 64 * 128
 
 
@@ -171,7 +190,7 @@ def test_swap_ab_puts_the_users_m_on_the_wgmma_n_side():
     assert lay.out_box == (64, 160) and lay.num_out_pieces == 1 and lay.acc_regs == 80
     src = render(cfg)
     assert "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16" in src
-    assert re.search(r"p, 1, 1, 1, 0;", src)            # B's N-major tile is the MN-major wgmma A
+    assert re.search(r"p, 1, 1, 1, 0;", src)  # B's N-major tile is the MN-major wgmma A
     assert "const int kernel_m = N, kernel_n = M;" in src
     assert "tma_load(dst, &map_a, full, k0, mn);" in src and "const int mn = n0 + p * 160;" in src
     assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in src
@@ -183,8 +202,13 @@ def test_swap_ab_puts_the_users_m_on_the_wgmma_n_side():
 
 def test_swap_ab_rules():
     base = dict(block_n=160, num_stages=4, swap_ab=True)
-    for bad in (dict(out_dtype="fp32"), dict(has_c=True), dict(split_k=2), dict(block_m=64, num_consumers=1, a_rows=8),
-                dict(b_tail=True)):
+    for bad in (
+        dict(out_dtype="fp32"),
+        dict(has_c=True),
+        dict(split_k=2),
+        dict(block_m=64, num_consumers=1, a_rows=8),
+        dict(b_tail=True),
+    ):
         problems = structural_problems(KernelConfig(**{**base, **bad}))
         assert any("swap_ab needs a 16-bit output" in p for p in problems), bad
     assert not structural_problems(KernelConfig(**base))

@@ -1,4 +1,5 @@
 """The tuning file and how gemm consults it (CPU only; tests/test_gpu_tuning.py times kernels)."""
+
 import json
 import types
 import warnings
@@ -31,9 +32,17 @@ def _record(cfg):
 
 
 def test_keys_tell_problems_and_devices_apart():
-    keys = {tuned.problem_key(p) for p in [P, Problem(128, 576, 7168, "fp16", "fp16"), Problem(576, 128, 7168),
-                                            Problem(128, 576, 7168, a_major="M"), Problem(128, 576, 7168, has_c=True),
-                                            Problem(128, 576, 7168, out_dtype="fp32")]}
+    keys = {
+        tuned.problem_key(p)
+        for p in [
+            P,
+            Problem(128, 576, 7168, "fp16", "fp16"),
+            Problem(576, 128, 7168),
+            Problem(128, 576, 7168, a_major="M"),
+            Problem(128, 576, 7168, has_c=True),
+            Problem(128, 576, 7168, out_dtype="fp32"),
+        ]
+    }
     assert len(keys) == 6
     assert tuned.device_key(GPU, H200) != tuned.device_key(GPU, DeviceSpec("sm_90a", 114))
 
@@ -50,8 +59,8 @@ def test_entries_round_trip_and_merge(tmp_cache):
     assert set(devices[tuned.device_key(GPU, H200)]) == {tuned.problem_key(P), tuned.problem_key(q)}
     assert tuned.tuned_config(P, H200, GPU) == cfg
     assert tuned.tuned_config(P, H200, "other GPU") == select(P, H200)
-    assert tuned.tuned_config(P, DeviceSpec("sm_90a", 114), GPU) is None      # another SM count
-    assert tuned.tuned_config(Problem(129, 576, 7168), H200, GPU) is None       # another shape
+    assert tuned.tuned_config(P, DeviceSpec("sm_90a", 114), GPU) is None  # another SM count
+    assert tuned.tuned_config(Problem(129, 576, 7168), H200, GPU) is None  # another shape
 
 
 def test_a_corrupt_file_is_reported_ignored_and_replaced(tmp_cache):
@@ -66,19 +75,22 @@ def test_a_corrupt_file_is_reported_ignored_and_replaced(tmp_cache):
     assert tuned.tuned_config(P, H200, GPU) == cfg
 
 
-@pytest.mark.parametrize("record", [
-    {"config": {"block_m": 128, "no_such_field": 1}},                  # unknown field
-    {"config": {"block_m": 96}},                                        # invalid value
-    {"name": "no config"},
-    "not a record",
-])
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"config": {"block_m": 128, "no_such_field": 1}},  # unknown field
+        {"config": {"block_m": 96}},  # invalid value
+        {"name": "no config"},
+        "not a record",
+    ],
+)
 def test_bad_records_are_ignored(tmp_cache, record):
     tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), record)
     assert tuned.tuned_config(P, H200, GPU) is None
 
 
 def test_a_record_that_no_longer_fits_the_problem_is_ignored(tmp_cache):
-    fp16 = select(Problem(128, 576, 7168, "fp16", "fp16"), H200)     # the wrong dtype for P
+    fp16 = select(Problem(128, 576, 7168, "fp16", "fp16"), H200)  # the wrong dtype for P
     tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), _record(fp16))
     assert tuned.tuned_config(P, H200, GPU) is None
 
@@ -119,7 +131,7 @@ def test_candidates_start_with_the_heuristics_choice_and_are_all_valid(shape):
     assert found[0] == select(p, H200)
     assert len(found) == len(set(found)) >= 2
     assert all(not check_config(c, p, H200) for c in found)
-    for c in found:      # every split-K candidate comes with its unsplit variant
+    for c in found:  # every split-K candidate comes with its unsplit variant
         if c.split_k > 1:
             assert rules.with_fields(c, split_k=1) in found
 
@@ -159,25 +171,31 @@ def test_cache_clear_keeps_the_tuning_file_and_does_not_call_it_foreign(tmp_cach
         assert tuned.tuned_config(P, H200, GPU) == select(P, H200)
 
 
-@pytest.mark.parametrize("passes, expected", [
-    ({"h": [10.0, 10.0, 10.0], "x": [9.7, 9.7, 9.7]}, "x"),       # 3% faster in every pass
-    ({"h": [10.0, 10.0, 10.0], "x": [9.9, 9.9, 9.9]}, "h"),       # 1%: within the drift
-    ({"h": [10.0, 10.0, 10.0], "x": [9.0, 9.0, 9.95]}, "h"),      # one pass not clearly faster
-    ({"h": [10.0, 10.0, 10.0], "x": [9.5, 9.5, 9.5], "y": [9.0, 9.0, 9.0]}, "y"),
-    ({"h": [10.0, 9.0, 10.0], "x": [9.5, 9.5, 9.5]}, "h"),
-    ({"h": [9.0, 9.0, 9.0], "x": [9.5, 9.5, 9.5]}, "h"),          # the heuristics were right
-])
+@pytest.mark.parametrize(
+    "passes, expected",
+    [
+        ({"h": [10.0, 10.0, 10.0], "x": [9.7, 9.7, 9.7]}, "x"),  # 3% faster in every pass
+        ({"h": [10.0, 10.0, 10.0], "x": [9.9, 9.9, 9.9]}, "h"),  # 1%: within the drift
+        ({"h": [10.0, 10.0, 10.0], "x": [9.0, 9.0, 9.95]}, "h"),  # one pass not clearly faster
+        ({"h": [10.0, 10.0, 10.0], "x": [9.5, 9.5, 9.5], "y": [9.0, 9.0, 9.0]}, "y"),
+        ({"h": [10.0, 9.0, 10.0], "x": [9.5, 9.5, 9.5]}, "h"),
+        ({"h": [9.0, 9.0, 9.0], "x": [9.5, 9.5, 9.5]}, "h"),  # the heuristics were right
+    ],
+)
 def test_pick_keeps_the_heuristics_choice_unless_clearly_beaten(passes, expected):
     assert tuning.pick(passes, "h") == expected
 
 
-@pytest.mark.parametrize("fields", [
-    {"block_n": 64.0},                      # a float where an int belongs
-    {"split_k": True},                      # a bool where an int belongs
-    {"num_stages": float("nan")},
-    {"group_size": 10 ** 30},               # out of range for the kernel's int
-    {"swap_ab": 1},                         # an int where a bool belongs
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"block_n": 64.0},  # a float where an int belongs
+        {"split_k": True},  # a bool where an int belongs
+        {"num_stages": float("nan")},
+        {"group_size": 10**30},  # out of range for the kernel's int
+        {"swap_ab": 1},  # an int where a bool belongs
+    ],
+)
 def test_records_with_wrongly_typed_fields_are_ignored(tmp_cache, fields):
     cfg = dict(select(P, H200).to_dict(), **fields)
     tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), {"config": cfg})
@@ -187,8 +205,12 @@ def test_records_with_wrongly_typed_fields_are_ignored(tmp_cache, fields):
 def test_malformed_files_never_raise(tmp_cache):
     tmp_cache.mkdir(parents=True, mode=0o700)
     path = tmp_cache / "tuned.json"
-    for text in ["[" * 100000, json.dumps({"schema": tuned.SCHEMA, "devices": {tuned.device_key(GPU, H200): []}}),
-                 json.dumps({"schema": tuned.SCHEMA + 1, "devices": {}}), "null"]:
+    for text in [
+        "[" * 100000,
+        json.dumps({"schema": tuned.SCHEMA, "devices": {tuned.device_key(GPU, H200): []}}),
+        json.dumps({"schema": tuned.SCHEMA + 1, "devices": {}}),
+        "null",
+    ]:
         path.write_text(text)
         path.chmod(0o600)
         with warnings.catch_warnings():
@@ -199,20 +221,21 @@ def test_malformed_files_never_raise(tmp_cache):
 
 def test_untrusted_files_are_refused(tmp_cache):
     from jitgemm.cache import UnsafeError
+
     tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), _record(_other_config(P)))
     path = tmp_cache / "tuned.json"
-    path.chmod(0o666)                                        # writable by others
+    path.chmod(0o666)  # writable by others
     with pytest.warns(tuned.TuningWarning, match="writable by group or others"):
         assert tuned.tuned_config(P, H200, GPU) is None
     path.chmod(0o600)
     assert tuned.tuned_config(P, H200, GPU) is not None
     real = tmp_cache / "elsewhere.json"
     path.rename(real)
-    path.symlink_to(real)                                    # a planted link is not followed
+    path.symlink_to(real)  # a planted link is not followed
     with pytest.warns(tuned.TuningWarning, match="symlink"):
         assert tuned.tuned_config(P, H200, GPU) is None
     path.unlink()
-    tmp_cache.chmod(0o777)                                   # an untrusted root is neither read nor written
+    tmp_cache.chmod(0o777)  # an untrusted root is neither read nor written
     with pytest.raises(UnsafeError):
         tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), _record(select(P, H200)))
     tmp_cache.chmod(0o700)
@@ -231,16 +254,16 @@ def test_the_output_check_is_elementwise_over_the_whole_output(out_dtype):
     a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
     ref = a @ b
     magnitude = np.linalg.norm(a, axis=1)[:, None] * np.linalg.norm(b, axis=0)[None, :]
-    good = ref.astype(np.float32).astype(numpy_dtype(out_dtype))     # fp32 accumulation, rounded output
+    good = ref.astype(np.float32).astype(numpy_dtype(out_dtype))  # fp32 accumulation, rounded output
     assert tuning.output_error(good, ref, out_dtype, magnitude, k) is None
 
     block = good.astype(np.float64)
-    block[96:128, 32:64] = rng.standard_normal((32, 32)) * np.sqrt(k)   # one 32x32 tile of garbage
+    block[96:128, 32:64] = rng.standard_normal((32, 32)) * np.sqrt(k)  # one 32x32 tile of garbage
     assert "out of tolerance" in tuning.output_error(block, ref, out_dtype, magnitude, k)
     stale = good.astype(np.float64)
-    stale[:32, 160:192] = 0.0                                           # one tile never written
+    stale[:32, 160:192] = 0.0  # one tile never written
     assert tuning.output_error(stale, ref, out_dtype, magnitude, k) is not None
-    lost_k_block = good.astype(np.float64)                              # one tile without 64 terms of K
+    lost_k_block = good.astype(np.float64)  # one tile without 64 terms of K
     lost_k_block[64:96, 64:96] -= a[64:96, :64] @ b[:64, 64:96]
     assert tuning.output_error(lost_k_block, ref, out_dtype, magnitude, k) is not None
     nan = good.astype(np.float64)

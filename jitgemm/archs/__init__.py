@@ -6,24 +6,25 @@ its template and the variables it renders with, the launch geometry and the kern
 parameters (tensor maps, scalars). The rest of jitgemm reaches them through the registry and
 never compares arch names.
 """
+
 from __future__ import annotations
 
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:    # annotations only: config.py itself asks the registry for the arch names
+if TYPE_CHECKING:  # annotations only: config.py itself asks the registry for the arch names
     from ..config import KernelConfig
     from ..problem import Problem
 
 
 class Arch(Protocol):
-    name: str                          # the NVRTC target, e.g. "sm_90a"
-    compute_capability: tuple          # (major, minor) of the devices it runs on
-    default_num_sms: int               # what the CLI plans for without a GPU
-    verified_on_hardware: bool         # False: compiled and SASS-checked only
-    waits_for_previous_grid: bool      # kernels call griddepcontrol.wait (programmatic dependent launch)
-    rules: ModuleType                  # heuristics: select, explain, check_config, config_with_fields
-    smem_capacity: int                 # dynamic shared memory one CTA may opt into (bytes)
+    name: str  # the NVRTC target, e.g. "sm_90a"
+    compute_capability: tuple  # (major, minor) of the devices it runs on
+    default_num_sms: int  # what the CLI plans for without a GPU
+    verified_on_hardware: bool  # False: compiled and SASS-checked only
+    waits_for_previous_grid: bool  # kernels call griddepcontrol.wait (programmatic dependent launch)
+    rules: ModuleType  # heuristics: select, explain, check_config, config_with_fields
+    smem_capacity: int  # dynamic shared memory one CTA may opt into (bytes)
 
     def layout_of(self, cfg: KernelConfig):
         """The config's layout (raises ValueError when it cannot be laid out)."""

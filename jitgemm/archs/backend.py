@@ -1,5 +1,6 @@
 """What the backends share: a layout and a render module per arch, the persistent grid over
 work units, and the tensor maps of A, B, D and C in the kernels' common parameter order."""
+
 from __future__ import annotations
 
 from types import ModuleType
@@ -11,8 +12,8 @@ from . import tma
 
 
 class Backend:
-    layout: ModuleType        # layout_of, structural_problems, KernelLayout
-    renderer: ModuleType      # render
+    layout: ModuleType  # layout_of, structural_problems, KernelLayout
+    renderer: ModuleType  # render
 
     @property
     def smem_capacity(self) -> int:
@@ -34,8 +35,9 @@ class Backend:
 
     def cluster_tiles(self, cfg: KernelConfig, m: int, n: int) -> int:
         km, kn = geometry.kernel_shape(cfg, m, n)
-        return geometry.cluster_tiles(geometry.ceil_div(km, cfg.block_m), geometry.ceil_div(kn, cfg.block_n),
-                                      self.pair_along(cfg))
+        return geometry.cluster_tiles(
+            geometry.ceil_div(km, cfg.block_m), geometry.ceil_div(kn, cfg.block_n), self.pair_along(cfg)
+        )
 
     def work_units(self, cfg: KernelConfig, problem: Problem) -> int:
         return self.cluster_tiles(cfg, problem.m, problem.n) * geometry.num_splits(cfg, problem.k)
@@ -45,8 +47,11 @@ class Backend:
 
     def tensor_maps(self, problem: Problem, lay, a, b, d, c) -> list:
         """map_a, map_b, map_d[, map_c] for Views a, b, d and c (or None)."""
-        maps = [tma.map_a(problem, a, lay.a.box, lay.a.swizzle), tma.map_b(problem, b, lay.b.box, lay.b.swizzle),
-                tma.map_output(problem, d, lay.out_box, lay.out_swizzle)]
+        maps = [
+            tma.map_a(problem, a, lay.a.box, lay.a.swizzle),
+            tma.map_b(problem, b, lay.b.box, lay.b.swizzle),
+            tma.map_output(problem, d, lay.out_box, lay.out_swizzle),
+        ]
         if c is not None:
             maps.append(tma.map_output(problem, c, lay.out_box, lay.out_swizzle))
         return maps

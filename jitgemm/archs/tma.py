@@ -1,5 +1,6 @@
 """The tensor maps both backends' kernels take for the user's arrays: A, B and C/D tiles as the
 layout boxes them (a View's pointer and leading stride, the problem's extents)."""
+
 from __future__ import annotations
 
 from .. import runtime
@@ -22,5 +23,6 @@ def map_b(problem: Problem, view, box: tuple, swizzle: int):
 
 def map_output(problem: Problem, view, box: tuple, swizzle: int):
     """C or D: row-major (M, N) in the output dtype."""
-    return runtime.tensor_map_2d(problem.out_dtype, view.ptr, problem.n, problem.m, view.leading_stride_bytes(1),
-                                 box, swizzle)
+    return runtime.tensor_map_2d(
+        problem.out_dtype, view.ptr, problem.n, problem.m, view.leading_stride_bytes(1), box, swizzle
+    )

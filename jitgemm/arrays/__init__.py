@@ -14,12 +14,28 @@ Modules, each importing only those above it: views (View, dtypes, checks), memor
 memory and copies), dlpack (DeviceArray and its export), libraries (ArrayLib and one adapter
 per library), readers (describe: the View of any operand).
 """
+
 from .dlpack import DeviceArray
 from .libraries import GENERIC, lib_of
 from .memory import DeviceMemory, stream_wait
 from .readers import describe, needs_consumer_stream, resolve_device
 from .views import HOST, LEGACY_STREAM, NUMPY_NAMES, TMA_ALIGN, UNRESOLVED, View, numpy_dtype, overlaps
 
-__all__ = ["DeviceArray", "DeviceMemory", "GENERIC", "HOST", "LEGACY_STREAM", "NUMPY_NAMES", "TMA_ALIGN",
-           "UNRESOLVED", "View", "describe", "lib_of", "needs_consumer_stream", "numpy_dtype", "overlaps",
-           "resolve_device", "stream_wait"]
+__all__ = [
+    "DeviceArray",
+    "DeviceMemory",
+    "GENERIC",
+    "HOST",
+    "LEGACY_STREAM",
+    "NUMPY_NAMES",
+    "TMA_ALIGN",
+    "UNRESOLVED",
+    "View",
+    "describe",
+    "lib_of",
+    "needs_consumer_stream",
+    "numpy_dtype",
+    "overlaps",
+    "resolve_device",
+    "stream_wait",
+]

@@ -1,6 +1,7 @@
 """DeviceArray, the 2-D device array jitgemm returns for inputs whose library it cannot allocate
 in, and its DLPack export: the C structs of dlpack.h built with ctypes, in capsules.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -11,8 +12,8 @@ from .memory import DeviceMemory, stream_wait
 from .views import LEGACY_STREAM, NUMPY_NAMES, numpy_dtype
 
 # The C structs of dlpack.h
-DL_CUDA = 2                                                         # kDLCUDA
-DL_DTYPES = {"bf16": (4, 16), "fp16": (2, 16), "fp32": (2, 32)}     # (kDLBfloat / kDLFloat, bits)
+DL_CUDA = 2  # kDLCUDA
+DL_DTYPES = {"bf16": (4, 16), "fp16": (2, 16), "fp32": (2, 32)}  # (kDLBfloat / kDLFloat, bits)
 
 
 class DLDevice(ctypes.Structure):
@@ -24,14 +25,20 @@ class DLDataType(ctypes.Structure):
 
 
 class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
 
 
-_Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)          # void (*)(DLManagedTensor*)
+_Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # void (*)(DLManagedTensor*)
 _CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # void (*)(PyObject*): a raw pointer,
-                                                              # never a py_object of a dying capsule
+# never a py_object of a dying capsule
 
 
 class DLManagedTensor(ctypes.Structure):
@@ -43,8 +50,13 @@ class DLPackVersion(ctypes.Structure):
 
 
 class DLManagedTensorVersioned(ctypes.Structure):
-    _fields_ = [("version", DLPackVersion), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter),
-                ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+    _fields_ = [
+        ("version", DLPackVersion),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", _Deleter),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", DLTensor),
+    ]
 
 
 def _capi(name: str, restype, *argtypes):
@@ -52,8 +64,7 @@ def _capi(name: str, restype, *argtypes):
     return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
 
 
-_capsule_new = _capi("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
-                     _CapsuleDestructor)
+_capsule_new = _capi("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, _CapsuleDestructor)
 _capsule_is_valid = _capi("PyCapsule_IsValid", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
 _capsule_pointer = _capi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)
 _incref = _capi("Py_IncRef", None, ctypes.py_object)
@@ -72,13 +83,13 @@ class _CapsuleKind:
         self.name, self.struct = name, struct
         self.deleter = _Deleter(self._delete)
         self.destructor = _CapsuleDestructor(self._destroy)
-        _incref(self)   # never freed: a consumer may call the deleter while the interpreter exits
+        _incref(self)  # never freed: a consumer may call the deleter while the interpreter exits
 
     def _delete(self, managed: int) -> None:
         _decref(self.struct.from_address(managed).manager_ctx)
 
     def _destroy(self, capsule: int) -> None:
-        if _capsule_is_valid(capsule, self.name):   # still "dltensor...": never consumed
+        if _capsule_is_valid(capsule, self.name):  # still "dltensor...": never consumed
             self._delete(_capsule_pointer(capsule, self.name))
 
 
@@ -88,10 +99,11 @@ _VERSIONED = _CapsuleKind(b"dltensor_versioned", DLManagedTensorVersioned)
 
 class _Export:
     """What one capsule owns: the structs it points to, and the array keeping the memory alive."""
+
     __slots__ = ("managed", "shape", "strides", "array")
 
 
-def dlpack_capsule(array: "DeviceArray", versioned: bool):
+def dlpack_capsule(array: DeviceArray, versioned: bool):
     """A DLPack capsule of `array` (DLManagedTensorVersioned when `versioned`)."""
     kind = _VERSIONED if versioned else _LEGACY
     export = _Export()
@@ -100,13 +112,14 @@ def dlpack_capsule(array: "DeviceArray", versioned: bool):
     export.strides = (ctypes.c_int64 * 2)(*array.strides_elements)
     managed = export.managed = kind.struct()
     code, bits = DL_DTYPES[array.dtype_name]
-    managed.dl_tensor = DLTensor(array.ptr, DLDevice(DL_CUDA, array.device), 2,
-                                 DLDataType(code, bits, 1), export.shape, export.strides, 0)
+    managed.dl_tensor = DLTensor(
+        array.ptr, DLDevice(DL_CUDA, array.device), 2, DLDataType(code, bits, 1), export.shape, export.strides, 0
+    )
     managed.manager_ctx = id(export)
     managed.deleter = kind.deleter
     if versioned:
-        managed.version = DLPackVersion(1, 0)       # flags 0: writable, not a copy
-    _incref(export)                                 # dropped by the deleter
+        managed.version = DLPackVersion(1, 0)  # flags 0: writable, not a copy
+    _incref(export)  # dropped by the deleter
     try:
         return _capsule_new(ctypes.addressof(managed), kind.name, kind.destructor)
     except BaseException:
@@ -136,18 +149,29 @@ class DeviceArray:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        return {"shape": self.shape, "typestr": self.dtype.str, "descr": self.dtype.descr,
-                "data": (self.ptr, False), "strides": None, "version": 3, "stream": self.stream}
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "descr": self.dtype.descr,
+            "data": (self.ptr, False),
+            "strides": None,
+            "version": 3,
+            "stream": self.stream,
+        }
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """A DLPack capsule of this array, safe to use on the consumer's `stream` (None: the
         legacy default stream; -1: no ordering; else a CUstream, 1 and 2 the default streams)."""
         if stream == 0 or not (stream is None or isinstance(stream, int)):
-            raise ValueError(f"stream: expected None, -1 or a CUDA stream handle, got {stream!r} "
-                             f"(0 is ambiguous in the DLPack protocol: use 1 for the legacy default stream)")
+            raise ValueError(
+                f"stream: expected None, -1 or a CUDA stream handle, got {stream!r} "
+                f"(0 is ambiguous in the DLPack protocol: use 1 for the legacy default stream)"
+            )
         if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
-            raise BufferError(f"{self!r} cannot be exported to DLPack device {tuple(dl_device)} "
-                              f"(it lives on {self.__dlpack_device__()}) without a copy")
+            raise BufferError(
+                f"{self!r} cannot be exported to DLPack device {tuple(dl_device)} "
+                f"(it lives on {self.__dlpack_device__()}) without a copy"
+            )
         if copy:
             raise BufferError(f"{self!r}: copy=True is not supported; export it and copy in the consumer")
         consumer = LEGACY_STREAM if stream is None else stream
@@ -160,5 +184,4 @@ class DeviceArray:
         return (DL_CUDA, self.device)
 
     def __repr__(self) -> str:
-        return (f"jitgemm.DeviceArray(shape={self.shape}, dtype={NUMPY_NAMES[self.dtype_name]}, "
-                f"device={self.device})")
+        return f"jitgemm.DeviceArray(shape={self.shape}, dtype={NUMPY_NAMES[self.dtype_name]}, device={self.device})"

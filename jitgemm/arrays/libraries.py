@@ -3,6 +3,7 @@ results and fallback copies are CuPy arrays, torch tensors or NumPy arrays as th
 GENERIC does the same through the driver for every other device array (its results are
 DeviceArrays, converted with the input's ``__array_namespace__()`` when it has one).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,8 +21,9 @@ from .views import HOST, ITEMSIZE, View, checked_view, dtype_error, kernel_dtype
 
 class ArrayLib:
     """Allocation, copies and stream scoping in one array library."""
+
     name = "?"
-    fast = False     # a fast-path library: `key` identifies an operand for the call-plan cache
+    fast = False  # a fast-path library: `key` identifies an operand for the call-plan cache
 
     def view(self, array, argname: str) -> View:
         raise NotImplementedError
@@ -74,13 +76,22 @@ class CupyLib(ArrayLib):
 
     def __init__(self):
         import cupy
+
         self.cp = cupy
 
     def view(self, array, argname):
         itemsize = array.dtype.itemsize
         dtype = kernel_dtype(array.dtype, argname)
-        view = View(array, self, array.data.ptr, array.shape, tuple(s // itemsize for s in array.strides),
-                    dtype, itemsize, array.data.device_id)
+        view = View(
+            array,
+            self,
+            array.data.ptr,
+            array.shape,
+            tuple(s // itemsize for s in array.strides),
+            dtype,
+            itemsize,
+            array.data.device_id,
+        )
         return checked_view(view, argname, array.strides)
 
     def key(self, array):
@@ -123,13 +134,13 @@ class TorchLib(ArrayLib):
 
     def __init__(self):
         import torch
+
         self.torch = torch
         self.dtypes = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
         self.torch_dtypes = {v: k for k, v in self.dtypes.items()}
         self.devices: dict = {}
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        self.current_stream = raw if raw is not None else (
-            lambda device: torch.cuda.current_stream(device).cuda_stream)
+        self.current_stream = raw if raw is not None else (lambda device: torch.cuda.current_stream(device).cuda_stream)
 
     def _device(self, ordinal):
         dev = self.devices.get(ordinal)
@@ -139,13 +150,20 @@ class TorchLib(ArrayLib):
 
     def view(self, array, argname):
         if array.device.type != "cuda":
-            raise ValueError(f"{argname}: expected a CUDA tensor (or a NumPy array), got a tensor "
-                             f"on {array.device}")
+            raise ValueError(f"{argname}: expected a CUDA tensor (or a NumPy array), got a tensor on {array.device}")
         dtype = self.dtypes.get(array.dtype)
         if dtype is None:
             raise dtype_error(argname, str(array.dtype).removeprefix("torch."))
-        view = View(array, self, array.data_ptr(), tuple(array.shape), tuple(array.stride()), dtype,
-                    array.element_size(), array.get_device())
+        view = View(
+            array,
+            self,
+            array.data_ptr(),
+            tuple(array.shape),
+            tuple(array.stride()),
+            dtype,
+            array.element_size(),
+            array.get_device(),
+        )
         return checked_view(view, argname)
 
     def key(self, array):
@@ -175,13 +193,24 @@ class TorchLib(ArrayLib):
 
 class HostLib(ArrayLib):
     """NumPy host arrays: validated like device arrays, computed after a copy to the GPU."""
+
     name = "numpy"
 
     def view(self, array, argname):
         itemsize = array.dtype.itemsize
         dtype = kernel_dtype(array.dtype, argname)
-        view = View(array, self, array.ctypes.data, array.shape, tuple(s // itemsize for s in array.strides),
-                    dtype, itemsize, HOST, None, not array.flags.writeable)
+        view = View(
+            array,
+            self,
+            array.ctypes.data,
+            array.shape,
+            tuple(s // itemsize for s in array.strides),
+            dtype,
+            itemsize,
+            HOST,
+            None,
+            not array.flags.writeable,
+        )
         return checked_view(view, argname, array.strides)
 
     def empty(self, shape, dtype, device, stream):
@@ -221,34 +250,43 @@ def lib_of(obj) -> ArrayLib | None:
 
 class GenericLib(ArrayLib):
     """Device arrays of any other library: memory and copies by the driver."""
+
     name = "cuda"
 
     def view(self, array, argname):
-        return View(array, self, array.ptr, array.shape, array.strides_elements, array.dtype_name,
-                    ITEMSIZE[array.dtype_name], array.device, None)
+        return View(
+            array,
+            self,
+            array.ptr,
+            array.shape,
+            array.strides_elements,
+            array.dtype_name,
+            ITEMSIZE[array.dtype_name],
+            array.device,
+            None,
+        )
 
     def stream_scope(self, handle, device):
         return contextlib.nullcontext()
 
     def empty(self, shape, dtype, device, stream):
         nbytes = shape[0] * shape[1] * ITEMSIZE[dtype]
-        return DeviceArray(DeviceMemory(nbytes, stream) if nbytes else None, tuple(shape), dtype,
-                           device, stream)
+        return DeviceArray(DeviceMemory(nbytes, stream) if nbytes else None, tuple(shape), dtype, device, stream)
 
     def zeros(self, shape, dtype, device, stream):
         array = self.empty(shape, dtype, device, stream)
         nbytes = shape[0] * shape[1] * ITEMSIZE[dtype]
         if nbytes:
-            runtime.check(driver.cuMemsetD8Async(array.ptr, 0, nbytes, driver.CUstream(stream)),
-                          "cuMemsetD8Async")
+            runtime.check(driver.cuMemsetD8Async(array.ptr, 0, nbytes, driver.CUstream(stream)), "cuMemsetD8Async")
         return array
 
     def window(self, array, rows, cols, transpose, argname):
         shape, strides = (rows, cols), array.strides_elements
         if transpose:
             shape, strides = (cols, rows), strides[::-1]
-        return View(array, self, array.ptr, shape, strides, array.dtype_name,
-                    ITEMSIZE[array.dtype_name], array.device, None)
+        return View(
+            array, self, array.ptr, shape, strides, array.dtype_name, ITEMSIZE[array.dtype_name], array.device, None
+        )
 
     def copy_(self, dst, src, stream):
         copy_2d(dst.ptr, dst.strides, src.ptr, src.strides, dst.shape, dst.itemsize, stream)
@@ -260,12 +298,21 @@ class GenericLib(ArrayLib):
     def scale_(self, dst, src, beta, stream):
         """Rare (K = 0 with beta not 0 or 1): through the host, synchronising `stream`."""
         host = np.empty(src.shape, numpy_dtype(src.dtype))
-        copy_2d(host.ctypes.data, (src.shape[1], 1), src.ptr, src.strides, src.shape, src.itemsize, stream,
-                dst_host=True)
+        copy_2d(
+            host.ctypes.data, (src.shape[1], 1), src.ptr, src.strides, src.shape, src.itemsize, stream, dst_host=True
+        )
         runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
         scaled = (host.astype(np.float32) * np.float32(beta)).astype(host.dtype)
-        copy_2d(dst.ptr, dst.strides, scaled.ctypes.data, (scaled.shape[1], 1), dst.shape, dst.itemsize,
-                stream, src_host=True)
+        copy_2d(
+            dst.ptr,
+            dst.strides,
+            scaled.ctypes.data,
+            (scaled.shape[1], 1),
+            dst.shape,
+            dst.itemsize,
+            stream,
+            src_host=True,
+        )
         runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
 
     def result(self, array, like):

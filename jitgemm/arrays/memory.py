@@ -1,6 +1,7 @@
 """Raw device memory through the driver, for the arrays jitgemm allocates itself: stream-ordered
 allocations, strided 2-D copies, ordering one stream after another, and the device of a pointer.
 """
+
 from __future__ import annotations
 
 import threading
@@ -15,10 +16,10 @@ def _free(ptr: int, stream: int, ctx) -> None:
     """Release stream-ordered device memory (at garbage collection, on any thread: quietly, so
     not through jitgemm.context, which raises when the context is gone at shutdown)."""
     if driver.cuCtxPushCurrent(ctx)[0] != driver.CUresult.CUDA_SUCCESS:
-        return   # the process is shutting down and the context is gone
+        return  # the process is shutting down and the context is gone
     try:
         if driver.cuMemFreeAsync(ptr, driver.CUstream(stream))[0] != driver.CUresult.CUDA_SUCCESS:
-            driver.cuMemFree(ptr)     # the stream no longer exists
+            driver.cuMemFree(ptr)  # the stream no longer exists
     finally:
         driver.cuCtxPopCurrent()
 
@@ -29,8 +30,9 @@ class DeviceMemory:
 
     def __init__(self, nbytes: int, stream: int):
         self.nbytes = nbytes
-        self.ptr = int(runtime.check(driver.cuMemAllocAsync(nbytes, driver.CUstream(stream)),
-                                     f"cuMemAllocAsync({nbytes})"))
+        self.ptr = int(
+            runtime.check(driver.cuMemAllocAsync(nbytes, driver.CUstream(stream)), f"cuMemAllocAsync({nbytes})")
+        )
         self.context = runtime.check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
         weakref.finalize(self, _free, self.ptr, stream, self.context)
 
@@ -50,13 +52,23 @@ def stream_wait(consumer: int, producer: int, device: int) -> None:
     event = cache.get(device)
     if event is None:
         event = cache[device] = runtime.check(
-            driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+            driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate"
+        )
     runtime.check(driver.cuEventRecord(event, driver.CUstream(producer)), "cuEventRecord")
     runtime.check(driver.cuStreamWaitEvent(driver.CUstream(consumer), event, 0), "cuStreamWaitEvent")
 
 
-def copy_2d(dst_ptr: int, dst_strides: tuple, src_ptr: int, src_strides: tuple, shape: tuple,
-            itemsize: int, stream: int, dst_host: bool = False, src_host: bool = False) -> None:
+def copy_2d(
+    dst_ptr: int,
+    dst_strides: tuple,
+    src_ptr: int,
+    src_strides: tuple,
+    shape: tuple,
+    itemsize: int,
+    stream: int,
+    dst_host: bool = False,
+    src_host: bool = False,
+) -> None:
     """Copy a (rows, cols) strided array (strides in elements) with 2-D driver copies: one when
     both sides share a unit-stride dimension, else one per row or column."""
     mem = driver.CUmemorytype
@@ -67,12 +79,16 @@ def copy_2d(dst_ptr: int, dst_strides: tuple, src_ptr: int, src_strides: tuple, 
         plan = [(0, 0, cols * itemsize, rows, src_strides[0], dst_strides[0])]
     elif src_strides[0] == 1 and dst_strides[0] == 1 or rows == 1:
         plan = [(0, 0, rows * itemsize, cols, src_strides[1], dst_strides[1])]
-    elif rows <= cols:   # element by element along each row
-        plan = [(i * src_strides[0], i * dst_strides[0], itemsize, cols, src_strides[1], dst_strides[1])
-                for i in range(rows)]
+    elif rows <= cols:  # element by element along each row
+        plan = [
+            (i * src_strides[0], i * dst_strides[0], itemsize, cols, src_strides[1], dst_strides[1])
+            for i in range(rows)
+        ]
     else:
-        plan = [(j * src_strides[1], j * dst_strides[1], itemsize, rows, src_strides[0], dst_strides[0])
-                for j in range(cols)]
+        plan = [
+            (j * src_strides[1], j * dst_strides[1], itemsize, rows, src_strides[0], dst_strides[0])
+            for j in range(cols)
+        ]
     for src_off, dst_off, width, height, src_pitch, dst_pitch in plan:
         p = driver.CUDA_MEMCPY2D()
         p.srcMemoryType = mem.CU_MEMORYTYPE_HOST if src_host else mem.CU_MEMORYTYPE_DEVICE
@@ -95,8 +111,7 @@ def copy_2d(dst_ptr: int, dst_strides: tuple, src_ptr: int, src_strides: tuple, 
 def pointer_device(ptr: int) -> int:
     """The CUDA ordinal owning device pointer `ptr` (a driver query)."""
     runtime.init_driver()
-    err, ordinal = driver.cuPointerGetAttribute(
-        driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+    err, ordinal = driver.cuPointerGetAttribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
     if err != driver.CUresult.CUDA_SUCCESS:
         return -1
     return int(ordinal)

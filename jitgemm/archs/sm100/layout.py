@@ -36,6 +36,7 @@ operand's tensor map with the half-size box given here.
 and one MMA-B tile, consumer c multiplies rows [128c, 128c+128) by the shared B tile into its
 own TMEM column range and has its own writeback warpgroup.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,15 +44,15 @@ from dataclasses import dataclass
 from ...config import KernelConfig
 from ...problem import DTYPE_BYTES
 
-SWIZZLE_ATOM = 1024            # bytes: 8 rows of 128 bytes, the 128B-swizzle repeat
-SMEM_CAPACITY = 232448         # dynamic shared memory one CTA may opt into on sm_100
-SM_SHARED_MEMORY = 233472      # shared memory of one SM on sm_100 (1 KiB of it reserved per CTA)
+SWIZZLE_ATOM = 1024  # bytes: 8 rows of 128 bytes, the 128B-swizzle repeat
+SMEM_CAPACITY = 232448  # dynamic shared memory one CTA may opt into on sm_100
+SM_SHARED_MEMORY = 233472  # shared memory of one SM on sm_100 (1 KiB of it reserved per CTA)
 BARRIER_BYTES = 8
-UMMA_M = 128                   # accumulator rows per CTA per consumer (= TMEM lanes)
-UMMA_K = 16                    # K of one kind::f16 tcgen05.mma
-TMEM_COLUMNS = 512             # 32-bit columns of tensor memory per SM
-MN_PIECE = 64                  # MN elements of one 128-byte swizzled row (16-bit types)
-OUT_SLOTS = 2                  # staging buffers per writeback warpgroup (TMA-store ring)
+UMMA_M = 128  # accumulator rows per CTA per consumer (= TMEM lanes)
+UMMA_K = 16  # K of one kind::f16 tcgen05.mma
+TMEM_COLUMNS = 512  # 32-bit columns of tensor memory per SM
+MN_PIECE = 64  # MN elements of one 128-byte swizzled row (16-bit types)
+OUT_SLOTS = 2  # staging buffers per writeback warpgroup (TMA-store ring)
 THREADS_PER_WARPGROUP = 128
 
 # Instruction-descriptor encodings (PTX ISA, tcgen05 "Instruction descriptor", kind::f16).
@@ -62,14 +63,15 @@ _IDESC_D_F32 = 1
 @dataclass(frozen=True)
 class OperandLayout:
     """One operand's tile in one pipeline stage of one CTA (and how TMA fills it)."""
-    user: str             # "A" or "B": the user operand (and tensor map) it comes from
-    role: str             # "mma_a" (TMEM lanes side) or "mma_b" (TMEM columns side)
-    major_is_k: bool      # K-major (rows of 128 bytes) or MN-major (pieces of 64 MN elements)
-    extent: int           # MN elements of this operand held by one CTA per stage
-    piece_extent: int     # MN elements covered by one TMA box
+
+    user: str  # "A" or "B": the user operand (and tensor map) it comes from
+    role: str  # "mma_a" (TMEM lanes side) or "mma_b" (TMEM columns side)
+    major_is_k: bool  # K-major (rows of 128 bytes) or MN-major (pieces of 64 MN elements)
+    extent: int  # MN elements of this operand held by one CTA per stage
+    piece_extent: int  # MN elements covered by one TMA box
     piece_bytes: int
-    num_pieces: int       # TMA boxes per stage per CTA
-    box: tuple            # TMA box, innermost dimension first
+    num_pieces: int  # TMA boxes per stage per CTA
+    box: tuple  # TMA box, innermost dimension first
     shared_by_pair: bool  # 2-CTA MMA: each CTA holds half of this operand's tile
 
     @property
@@ -97,39 +99,42 @@ class OperandLayout:
         return 2 * UMMA_K if self.major_is_k else (UMMA_K // 8) * SWIZZLE_ATOM
 
 
-def _operand(user: str, role: str, major_is_k: bool, extent: int, block_k: int, elem: int,
-             shared_by_pair: bool) -> OperandLayout:
+def _operand(
+    user: str, role: str, major_is_k: bool, extent: int, block_k: int, elem: int, shared_by_pair: bool
+) -> OperandLayout:
     if major_is_k:
-        return OperandLayout(user, role, True, extent, extent, extent * block_k * elem, 1,
-                             (block_k, extent), shared_by_pair)
+        return OperandLayout(
+            user, role, True, extent, extent, extent * block_k * elem, 1, (block_k, extent), shared_by_pair
+        )
     pieces = -(-extent // MN_PIECE)
-    return OperandLayout(user, role, False, extent, MN_PIECE, MN_PIECE * block_k * elem, pieces,
-                         (MN_PIECE, block_k), shared_by_pair)
+    return OperandLayout(
+        user, role, False, extent, MN_PIECE, MN_PIECE * block_k * elem, pieces, (MN_PIECE, block_k), shared_by_pair
+    )
 
 
 @dataclass(frozen=True)
 class KernelLayout:
     config: KernelConfig
-    a: OperandLayout              # the user's A operand (map_a)
-    b: OperandLayout              # the user's B operand (map_b)
-    cta_group: int                # tcgen05 .cta_group (1, or 2 for the 2-CTA MMA)
-    umma_m: int                   # M of one tcgen05.mma (128, or 256 across the pair)
-    umma_n: int                   # N of one tcgen05.mma (= block_n)
-    idesc: int                    # 32-bit instruction descriptor of that MMA
-    acc_stages: int               # accumulator buffers per consumer in TMEM (MMA/writeback overlap)
-    tmem_columns: int             # columns the accumulators use
-    tmem_alloc_columns: int       # power of two >= 32 handed to tcgen05.alloc
-    out_swizzle: int              # bytes of one staged output row (TMA store swizzle)
-    out_piece_cols: int           # output columns (user N) per TMA store box
-    out_box: tuple                # (out_piece_cols, rows): the D (and C) tensor-map box
-    chunk_cols: int               # TMEM columns read per writeback step (tcgen05.ld .32x32b.xN)
-    num_chunks: int               # writeback steps per tile per consumer
-    boxes_per_chunk: int          # TMA store boxes per writeback step
-    slot_bytes: int               # one staging slot (one writeback step)
-    out_bytes: int                # all staging slots of all consumers
-    stage_bytes: int              # one pipeline stage of one CTA (A side + B side)
+    a: OperandLayout  # the user's A operand (map_a)
+    b: OperandLayout  # the user's B operand (map_b)
+    cta_group: int  # tcgen05 .cta_group (1, or 2 for the 2-CTA MMA)
+    umma_m: int  # M of one tcgen05.mma (128, or 256 across the pair)
+    umma_n: int  # N of one tcgen05.mma (= block_n)
+    idesc: int  # 32-bit instruction descriptor of that MMA
+    acc_stages: int  # accumulator buffers per consumer in TMEM (MMA/writeback overlap)
+    tmem_columns: int  # columns the accumulators use
+    tmem_alloc_columns: int  # power of two >= 32 handed to tcgen05.alloc
+    out_swizzle: int  # bytes of one staged output row (TMA store swizzle)
+    out_piece_cols: int  # output columns (user N) per TMA store box
+    out_box: tuple  # (out_piece_cols, rows): the D (and C) tensor-map box
+    chunk_cols: int  # TMEM columns read per writeback step (tcgen05.ld .32x32b.xN)
+    num_chunks: int  # writeback steps per tile per consumer
+    boxes_per_chunk: int  # TMA store boxes per writeback step
+    slot_bytes: int  # one staging slot (one writeback step)
+    out_bytes: int  # all staging slots of all consumers
+    stage_bytes: int  # one pipeline stage of one CTA (A side + B side)
     num_barriers: int
-    smem_bytes: int               # dynamic shared memory to request, alignment slack included
+    smem_bytes: int  # dynamic shared memory to request, alignment slack included
     num_threads: int
 
     @property
@@ -150,14 +155,18 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
     """Reasons `cfg` cannot be an sm_100a kernel (empty when it can)."""
     out = []
     if cfg.block_m != UMMA_M * cfg.num_consumers:
-        out.append(f"block_m must be 128 per MMA consumer ({UMMA_M * cfg.num_consumers} for "
-                   f"{cfg.num_consumers}), got {cfg.block_m}")
+        out.append(
+            f"block_m must be 128 per MMA consumer ({UMMA_M * cfg.num_consumers} for "
+            f"{cfg.num_consumers}), got {cfg.block_m}"
+        )
     if cfg.block_n % 16 or not 16 <= cfg.block_n <= 256:
         out.append(f"block_n (the MMA's N) must be a multiple of 16 in [16, 256], got {cfg.block_n}")
     shared = "A" if cfg.swap_ab else "B"
     if cfg.cluster_size == 2 and cfg.multicast != shared:
-        out.append(f"the 2-CTA MMA shares the MMA-B operand, which is user {shared} "
-                   f"{'(swap_ab)' if cfg.swap_ab else ''}: multicast must be {shared!r}, got {cfg.multicast!r}")
+        out.append(
+            f"the 2-CTA MMA shares the MMA-B operand, which is user {shared} "
+            f"{'(swap_ab)' if cfg.swap_ab else ''}: multicast must be {shared!r}, got {cfg.multicast!r}"
+        )
     if cfg.cluster_size == 1 and cfg.multicast != "none":
         out.append("multicast needs the 2-CTA MMA (cluster_size 2)")
     if getattr(cfg, "split_k", 1) != 1:
@@ -169,13 +178,16 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
     b_major_is_k = (cfg.a_major if cfg.swap_ab else cfg.b_major) == "K"
     b_extent = cfg.block_n // cfg.cluster_size
     if not b_major_is_k and b_extent % MN_PIECE:
-        out.append(f"an MN-major MMA-B operand needs whole 64-element swizzle rows per CTA: "
-                   f"block_n / cluster_size = {b_extent} is not a multiple of 64")
+        out.append(
+            f"an MN-major MMA-B operand needs whole 64-element swizzle rows per CTA: "
+            f"block_n / cluster_size = {b_extent} is not a multiple of 64"
+        )
     if b_major_is_k and b_extent % 8:
         out.append(f"a K-major MMA-B operand needs a multiple of 8 rows per CTA, got {b_extent}")
     if cfg.num_consumers * cfg.block_n > TMEM_COLUMNS:
-        out.append(f"{cfg.num_consumers} accumulator(s) of {cfg.block_n} fp32 columns exceed the "
-                   f"{TMEM_COLUMNS} TMEM columns")
+        out.append(
+            f"{cfg.num_consumers} accumulator(s) of {cfg.block_n} fp32 columns exceed the {TMEM_COLUMNS} TMEM columns"
+        )
     return out
 
 
@@ -190,10 +202,17 @@ def instruction_descriptor(cfg: KernelConfig, umma_m: int) -> int:
     """tcgen05.mma kind::f16 instruction descriptor: fp32 D, dtype A/B, majors, N>>3, M>>4."""
     ab = _IDESC_AB_TYPE[cfg.dtype]
     a_major, b_major = (cfg.b_major, cfg.a_major) if cfg.swap_ab else (cfg.a_major, cfg.b_major)
-    a_mn = 0 if a_major == "K" else 1     # "transpose" bit: 1 reads an MN-major operand
+    a_mn = 0 if a_major == "K" else 1  # "transpose" bit: 1 reads an MN-major operand
     b_mn = 0 if b_major == "K" else 1
-    return ((_IDESC_D_F32 << 4) | (ab << 7) | (ab << 10) | (a_mn << 15) | (b_mn << 16)
-            | ((cfg.block_n >> 3) << 17) | ((umma_m >> 4) << 24))
+    return (
+        (_IDESC_D_F32 << 4)
+        | (ab << 7)
+        | (ab << 10)
+        | (a_mn << 15)
+        | (b_mn << 16)
+        | ((cfg.block_n >> 3) << 17)
+        | ((umma_m >> 4) << 24)
+    )
 
 
 def layout_of(cfg: KernelConfig) -> KernelLayout:
@@ -250,13 +269,29 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     # other's. Asking for more than half the SM's shared memory keeps one CTA per SM.
     smem = max(smem, SM_SHARED_MEMORY // 2 + 1)
     return KernelLayout(
-        config=cfg, a=a, b=b, cta_group=pair, umma_m=umma_m, umma_n=cfg.block_n,
-        idesc=instruction_descriptor(cfg, umma_m), acc_stages=acc_stages,
-        tmem_columns=tmem_columns, tmem_alloc_columns=tmem_alloc, out_swizzle=out_swizzle,
-        out_piece_cols=out_piece_cols, out_box=out_box, chunk_cols=chunk_cols,
-        num_chunks=num_chunks, boxes_per_chunk=boxes_per_chunk, slot_bytes=slot_bytes,
-        out_bytes=out_bytes, stage_bytes=stage_bytes, num_barriers=num_barriers,
-        smem_bytes=smem, num_threads=THREADS_PER_WARPGROUP * (1 + c))
+        config=cfg,
+        a=a,
+        b=b,
+        cta_group=pair,
+        umma_m=umma_m,
+        umma_n=cfg.block_n,
+        idesc=instruction_descriptor(cfg, umma_m),
+        acc_stages=acc_stages,
+        tmem_columns=tmem_columns,
+        tmem_alloc_columns=tmem_alloc,
+        out_swizzle=out_swizzle,
+        out_piece_cols=out_piece_cols,
+        out_box=out_box,
+        chunk_cols=chunk_cols,
+        num_chunks=num_chunks,
+        boxes_per_chunk=boxes_per_chunk,
+        slot_bytes=slot_bytes,
+        out_bytes=out_bytes,
+        stage_bytes=stage_bytes,
+        num_barriers=num_barriers,
+        smem_bytes=smem,
+        num_threads=THREADS_PER_WARPGROUP * (1 + c),
+    )
 
 
 def smem_bytes(cfg: KernelConfig) -> int:

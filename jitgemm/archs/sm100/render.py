@@ -5,6 +5,7 @@ The kernel keeps the sm_90a parameter convention: ``extern "C"`` kernel named
 N, K, the maps and D always in the user's orientation (swap_ab is handled inside the kernel).
 See `jitgemm.archs.sm100.layout` for how the config's fields read on sm_100a.
 """
+
 from __future__ import annotations
 
 from ...config import KernelConfig
@@ -45,8 +46,10 @@ def _store_boxes(lay: KernelLayout) -> list[dict]:
     if not lay.config.swap_ab:
         return [{"offset": 0, "x": f"kcol0 + {step}", "y": "krow0"}]
     piece_bytes = lay.out_box[1] * lay.out_swizzle
-    return [{"offset": p * piece_bytes, "x": f"krow0 + {p * lay.out_piece_cols}", "y": f"kcol0 + {step}"}
-            for p in range(lay.boxes_per_chunk)]
+    return [
+        {"offset": p * piece_bytes, "x": f"krow0 + {p * lay.out_piece_cols}", "y": f"kcol0 + {step}"}
+        for p in range(lay.boxes_per_chunk)
+    ]
 
 
 def template_variables(cfg: KernelConfig, lay: KernelLayout | None = None) -> dict:

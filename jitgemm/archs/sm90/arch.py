@@ -1,4 +1,5 @@
 """The sm_90a backend object (`jitgemm.registry` returns it)."""
+
 from __future__ import annotations
 
 from ...config import KernelConfig

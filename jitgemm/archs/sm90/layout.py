@@ -23,6 +23,7 @@ user's N, block_n along the user's M; `multicast` still names the user operand a
 B's tile as its A operand (`mma_a`) and A's as its B operand (`mma_b`), and the epilogue stores
 the accumulators transposed (stmatrix .trans), one 64-column box of D per 64-row atom.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,25 +31,25 @@ from dataclasses import dataclass
 from ...config import KernelConfig
 from ...problem import DTYPE_BYTES
 
-SWIZZLE_ATOM = 1024           # bytes: 8 rows of 128 bytes, the 128B-swizzle repeat
-SMEM_CAPACITY = 232448        # dynamic shared memory one CTA may opt into on sm_90
+SWIZZLE_ATOM = 1024  # bytes: 8 rows of 128 bytes, the 128B-swizzle repeat
+SMEM_CAPACITY = 232448  # dynamic shared memory one CTA may opt into on sm_90
 BARRIER_BYTES = 8
 WGMMA_M = 64
 
 
 @dataclass(frozen=True)
 class OperandLayout:
-    major_is_k: bool      # K-major (rows of 128 bytes) or MN-major (pieces of MN elements)
-    extent: int           # block_m or block_n
-    swizzle: int          # bytes: 128, or 64 / 32 for narrow MN-major tiles
-    piece_extent: int     # MN elements covered by one TMA box
+    major_is_k: bool  # K-major (rows of 128 bytes) or MN-major (pieces of MN elements)
+    extent: int  # block_m or block_n
+    swizzle: int  # bytes: 128, or 64 / 32 for narrow MN-major tiles
+    piece_extent: int  # MN elements covered by one TMA box
     piece_bytes: int
-    num_pieces: int       # pieces in the whole tile
+    num_pieces: int  # pieces in the whole tile
     pieces_per_rank: int  # pieces each CTA loads (all of them unless multicast on this operand)
     multicast: bool
-    box: tuple            # TMA box, innermost dimension first
-    smem_rows: int        # K-major: rows the tile occupies in shared memory (>= rows loaded)
-    tail: "OperandLayout | None" = None   # MN-major: the narrower last part, after the pieces
+    box: tuple  # TMA box, innermost dimension first
+    smem_rows: int  # K-major: rows the tile occupies in shared memory (>= rows loaded)
+    tail: OperandLayout | None = None  # MN-major: the narrower last part, after the pieces
 
     @property
     def main_extent(self) -> int:
@@ -86,8 +87,9 @@ class OperandLayout:
         return {128: 1, 64: 2, 32: 3}[self.swizzle]
 
 
-def _operand(major_is_k: bool, extent: int, block_k: int, elem: int, multicast: bool,
-             loaded_rows: int = 0, tail: bool = False) -> OperandLayout:
+def _operand(
+    major_is_k: bool, extent: int, block_k: int, elem: int, multicast: bool, loaded_rows: int = 0, tail: bool = False
+) -> OperandLayout:
     """`loaded_rows` (K-major only): load fewer rows than the tile has; wgmma still reads all
     `extent` rows, and the rows never loaded only feed output rows that are never stored.
     `tail` (MN-major, not multicast): the columns past the last full piece form a narrow tail."""
@@ -105,12 +107,23 @@ def _operand(major_is_k: bool, extent: int, block_k: int, elem: int, multicast: 
         tail_extent = extent % piece_extent
         if tail and tail_extent:
             num_pieces = extent // piece_extent
-            return OperandLayout(False, extent, swizzle, piece_extent, piece_extent * block_k * elem,
-                                 num_pieces, num_pieces, False, box, extent,
-                                 _operand(False, tail_extent, block_k, elem, False))
+            return OperandLayout(
+                False,
+                extent,
+                swizzle,
+                piece_extent,
+                piece_extent * block_k * elem,
+                num_pieces,
+                num_pieces,
+                False,
+                box,
+                extent,
+                _operand(False, tail_extent, block_k, elem, False),
+            )
     piece_bytes = box[0] * box[1] * elem
-    return OperandLayout(major_is_k, extent, swizzle, piece_extent, piece_bytes, num_pieces,
-                         num_pieces // ranks, multicast, box, extent)
+    return OperandLayout(
+        major_is_k, extent, swizzle, piece_extent, piece_bytes, num_pieces, num_pieces // ranks, multicast, box, extent
+    )
 
 
 def mn_major_swizzle(extent: int, elem: int) -> int:
@@ -125,18 +138,18 @@ class KernelLayout:
     config: KernelConfig
     a: OperandLayout
     b: OperandLayout
-    wg_m: int                 # kernel rows of the tile each math warpgroup owns (64-row atoms)
-    out_swizzle: int          # bytes: 128, 64 or 32
-    out_piece_cols: int       # output columns per TMA store box
-    out_box: tuple            # (out_piece_cols, rows): wg_m rows, or block_n with swap_ab
-    out_bufs: int             # staging buffers (one store box each) per math warpgroup
-    out_bytes: int            # epilogue staging, all warpgroups
-    out_bytes_whole: int      # ... with a buffer per box (= out_bytes unless the boxes take turns)
-    stage_bytes: int          # shared memory of one stage
-    stage_tx_bytes: int       # bytes TMA lands per stage (the tma2mma transaction count)
-    smem_bytes: int           # dynamic shared memory to request, alignment slack included
+    wg_m: int  # kernel rows of the tile each math warpgroup owns (64-row atoms)
+    out_swizzle: int  # bytes: 128, 64 or 32
+    out_piece_cols: int  # output columns per TMA store box
+    out_box: tuple  # (out_piece_cols, rows): wg_m rows, or block_n with swap_ab
+    out_bufs: int  # staging buffers (one store box each) per math warpgroup
+    out_bytes: int  # epilogue staging, all warpgroups
+    out_bytes_whole: int  # ... with a buffer per box (= out_bytes unless the boxes take turns)
+    stage_bytes: int  # shared memory of one stage
+    stage_tx_bytes: int  # bytes TMA lands per stage (the tma2mma transaction count)
+    smem_bytes: int  # dynamic shared memory to request, alignment slack included
     num_threads: int
-    acc_regs: int             # fp32 accumulator registers per math thread
+    acc_regs: int  # fp32 accumulator registers per math thread
 
     @property
     def num_out_pieces(self) -> int:
@@ -169,10 +182,14 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
     elem = DTYPE_BYTES[cfg.dtype]
     if cfg.swap_ab:
         if cfg.out_dtype == "fp32" or cfg.has_c or cfg.split_k > 1 or cfg.a_rows or cfg.b_tail:
-            out.append("swap_ab needs a 16-bit output without C, split-K, a_rows or b_tail (its epilogue "
-                       "stores the transposed accumulators with stmatrix)")
+            out.append(
+                "swap_ab needs a 16-bit output without C, split-K, a_rows or b_tail (its epilogue "
+                "stores the transposed accumulators with stmatrix)"
+            )
     if cfg.block_m % (WGMMA_M * cfg.num_consumers):
-        out.append(f"block_m={cfg.block_m} must give each of the {cfg.num_consumers} math warpgroups a multiple of 64 rows")
+        out.append(
+            f"block_m={cfg.block_m} must give each of the {cfg.num_consumers} math warpgroups a multiple of 64 rows"
+        )
     if cfg.a_rows and (cfg.a_major != "K" or cfg.multicast == "A"):
         out.append("a_rows needs a K-major A that is not multicast")
     if cfg.cluster_size == 2 and cfg.multicast == "none":
@@ -185,16 +202,22 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
             out.append(f"multicast {name}: half of the {extent}-row K-major tile must be a multiple of 8 rows")
         piece = mn_major_swizzle(extent, elem) // elem
         if not major_is_k and (-(-extent // piece)) % 2:
-            out.append(f"multicast {name}: an MN-major tile of {extent} must span an even number of {piece}-wide pieces")
+            out.append(
+                f"multicast {name}: an MN-major tile of {extent} must span an even number of {piece}-wide pieces"
+            )
     if cfg.swap_ab and cfg.block_n > 256:
         out.append(f"block_n={cfg.block_n} > 256 with swap_ab: it is the wgmma's N (at most 256)")
     if cfg.block_n > 256 and cfg.b_major == "K":
-        out.append(f"block_n={cfg.block_n} > 256 needs an N-major B (a K-major tile is one TMA box of at most 256 rows)")
+        out.append(
+            f"block_n={cfg.block_n} > 256 needs an N-major B (a K-major tile is one TMA box of at most 256 rows)"
+        )
     if cfg.b_tail:
         piece = mn_major_swizzle(cfg.block_n, elem) // elem
         if cfg.b_major != "N" or cfg.multicast == "B" or cfg.block_n < piece or cfg.block_n % piece == 0:
-            out.append(f"b_tail needs an N-major B that is not multicast, with block_n past a multiple of "
-                       f"{piece} (got b_major={cfg.b_major!r}, multicast={cfg.multicast!r}, block_n={cfg.block_n})")
+            out.append(
+                f"b_tail needs an N-major B that is not multicast, with block_n past a multiple of "
+                f"{piece} (got b_major={cfg.b_major!r}, multicast={cfg.multicast!r}, block_n={cfg.block_n})"
+            )
     return out
 
 
@@ -229,17 +252,32 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     barriers = (2 * cfg.num_stages + cfg.num_consumers) * BARRIER_BYTES
     fixed = cfg.num_stages * stage_bytes + barriers + SWIZZLE_ATOM
 
-    def staging(bufs: int) -> int:   # rounded to the swizzle atom: every TMA box starts 1024-aligned
+    def staging(bufs: int) -> int:  # rounded to the swizzle atom: every TMA box starts 1024-aligned
         return -(-cfg.num_consumers * bufs * out_rows * out_swizzle // SWIZZLE_ATOM) * SWIZZLE_ATOM
 
-    out_bufs = epilogue_buffers(out_cols // out_piece_cols, cfg.has_c,
-                                lambda bufs: fixed + staging(bufs) <= SMEM_CAPACITY)
+    out_bufs = epilogue_buffers(
+        out_cols // out_piece_cols, cfg.has_c, lambda bufs: fixed + staging(bufs) <= SMEM_CAPACITY
+    )
     out_bytes = staging(out_bufs)
     smem = fixed + out_bytes
     acc_regs = (wg_m // WGMMA_M) * (cfg.block_n // 2)
-    return KernelLayout(cfg, a, b, wg_m, out_swizzle, out_piece_cols, (out_piece_cols, out_rows),
-                        out_bufs, out_bytes, staging(out_cols // out_piece_cols), stage_bytes, a.tx_bytes + b.tx_bytes, smem, 128 * (1 + cfg.num_consumers),
-                        acc_regs)
+    return KernelLayout(
+        cfg,
+        a,
+        b,
+        wg_m,
+        out_swizzle,
+        out_piece_cols,
+        (out_piece_cols, out_rows),
+        out_bufs,
+        out_bytes,
+        staging(out_cols // out_piece_cols),
+        stage_bytes,
+        a.tx_bytes + b.tx_bytes,
+        smem,
+        128 * (1 + cfg.num_consumers),
+        acc_regs,
+    )
 
 
 # Split-K: split 0 of a tile adds the other splits' partials (the split-0 reducer). It takes this

@@ -1,4 +1,5 @@
 """Render an sm_90a KernelConfig to self-contained CUDA C++ (templates/sm90/gemm.cu.j2)."""
+
 from __future__ import annotations
 
 from ...config import KernelConfig
@@ -46,11 +47,25 @@ def b_slices(lay: KernelLayout) -> list[dict]:
     slices = []
     for first in range(0, b.main_extent, WGMMA_MAX_N):
         offset = first * 128 if b.major_is_k else first // b.piece_extent * b.piece_bytes
-        slices.append({"n": min(WGMMA_MAX_N, b.main_extent - first), "first_acc": first // 2,
-                       "offset": offset, "part": b, "what": f"columns {first}.."})
+        slices.append(
+            {
+                "n": min(WGMMA_MAX_N, b.main_extent - first),
+                "first_acc": first // 2,
+                "offset": offset,
+                "part": b,
+                "what": f"columns {first}..",
+            }
+        )
     if b.tail:
-        slices.append({"n": b.tail.extent, "first_acc": b.main_extent // 2, "offset": b.num_pieces * b.piece_bytes,
-                       "part": b.tail, "what": f"the tail, columns {b.main_extent}.."})
+        slices.append(
+            {
+                "n": b.tail.extent,
+                "first_acc": b.main_extent // 2,
+                "offset": b.num_pieces * b.piece_bytes,
+                "part": b.tail,
+                "what": f"the tail, columns {b.main_extent}..",
+            }
+        )
     return slices
 
 
@@ -75,8 +90,10 @@ def render(cfg: KernelConfig) -> str:
         "to_f32": {"bf16": "bf16_to_f32", "fp16": "f16_to_f32", "fp32": ""}[cfg.out_dtype],
         "read_batch": read_batch(lay),
         "reducer_lead": REDUCER_LEAD_KBLOCKS,
-        "operands": [_operand_vars("A", lay.a, cfg.a_major == "K", cfg.swap_ab),
-                     _operand_vars("B", lay.b, cfg.b_major == "K", cfg.swap_ab)] +
-                    ([_operand_vars("B", lay.b, False, cfg.swap_ab, tail=True)] if lay.b.tail else []),
+        "operands": [
+            _operand_vars("A", lay.a, cfg.a_major == "K", cfg.swap_ab),
+            _operand_vars("B", lay.b, cfg.b_major == "K", cfg.swap_ab),
+        ]
+        + ([_operand_vars("B", lay.b, False, cfg.swap_ab, tail=True)] if lay.b.tail else []),
     }
     return environment().get_template(TEMPLATE).render(**variables)
