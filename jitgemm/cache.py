@@ -467,6 +467,26 @@ class EntryInfo:
     def kernel(self) -> str:
         return (self.meta or {}).get("kernel", "?")
 
+    @property
+    def nvrtc_version(self) -> str | None:
+        """The NVRTC that built the entry (from its meta file), None when unknown."""
+        value = (self.meta or {}).get("nvrtc_version")
+        return value if isinstance(value, str) else None
+
+    def unusable_reason(self, nvrtc_version: str | None) -> str | None:
+        """Why a process whose NVRTC is `nvrtc_version` cannot load this entry (its key covers
+        the NVRTC version and the cache schema), or None when it can. An entry whose meta file
+        cannot be read is unusable; with `nvrtc_version` None (NVRTC unavailable) only the
+        entry itself is judged."""
+        if self.problem:
+            return self.problem
+        meta = self.meta or {}
+        if meta.get("schema") != CACHE_SCHEMA:
+            return f"written by another jitgemm (cache schema {meta.get('schema')}; this one uses {CACHE_SCHEMA})"
+        if nvrtc_version is not None and self.nvrtc_version != nvrtc_version:
+            return f"built by NVRTC {self.nvrtc_version}; this process has NVRTC {nvrtc_version}"
+        return None
+
 
 class KernelCache:
     def __init__(self, root: Path | str | None = None):
@@ -514,7 +534,12 @@ class KernelCache:
         if found.status == "hit":
             return CacheResult(found.cubin, key, True, 0.0, self.entry_dir(key))
         if offline_mode():
-            raise OfflineError(self._offline_message(key, found, offline_hint))
+            others = (
+                self.other_builds(source, arch, options, nvrtc_version, meta.get("config"))
+                if found.status == "miss"
+                else ""
+            )
+            raise OfflineError(self._offline_message(key, found, offline_hint, others))
         if found.status == "unsafe":
             return self._in_memory(key, compile_fn, found)
         try:
@@ -664,14 +689,55 @@ class KernelCache:
                 pass  # prune removes leftover trash
         return entry
 
-    def _offline_message(self, key: str, found: Lookup, hint: str) -> str:
+    def _offline_message(self, key: str, found: Lookup, hint: str, others: str = "") -> str:
         why = {
             "miss": "is not in the cache",
             "corrupt": f"has a corrupt cache entry ({found.reason})",
             "unsafe": f"cannot be loaded from the cache ({found.reason})",
         }[found.status]
         text = f"{ENV_OFFLINE}=1 forbids compiling, and the kernel with cache key {key} {why} (cache root {self.root})."
+        if others:
+            text = f"{text}\n  {others}"
         return f"{text}\n{hint}" if hint else text
+
+    def other_builds(
+        self, source: str, arch: str, options: tuple, nvrtc_version: str, config: dict | None = None
+    ) -> str:
+        """Why an entry for `source` is missing although the cache holds the same kernel: "" when
+        it does not. The stored source (its sha256 in the meta file) or, failing that, the stored
+        config and arch are compared, never the key, which covers the NVRTC version and schema."""
+        source_sha = hashlib.sha256(source.encode()).hexdigest()
+        same_source, same_config = set(), set()
+        try:
+            entries = self.entries()
+        except (UnsafeError, OSError):
+            return ""
+        for e in entries:
+            meta = e.meta or {}
+            if meta.get("arch") != arch:
+                continue
+            if meta.get("source_sha256") == source_sha:
+                same_source.add((e.nvrtc_version or "?", meta.get("schema"), tuple(meta.get("options") or ())))
+            elif config is not None and meta.get("config") == config:
+                same_config.add(e.nvrtc_version or "?")
+        nvrtcs = sorted({v for v, _, _ in same_source if v != nvrtc_version})
+        if nvrtcs:
+            return (
+                f"kernels for this configuration exist for NVRTC {', '.join(nvrtcs)}; this process has NVRTC "
+                f"{nvrtc_version} (the NVRTC version is part of the cache key: precompile again with this "
+                f"NVRTC, or run with the one that built them)"
+            )
+        if same_source:
+            return (
+                "the cache holds this kernel's source built with other compile options or by another "
+                "cache schema (another jitgemm version): precompile again with this one"
+            )
+        if same_config:
+            return (
+                f"the cache holds this configuration rendered from another source (another jitgemm "
+                f"version; NVRTC {', '.join(sorted(same_config))}): precompile again with this one"
+            )
+        return ""
 
     # ---- inspection and cleanup (the `jitgemm cache` commands) ----
     def entries(self) -> list[EntryInfo]:

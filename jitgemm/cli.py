@@ -761,8 +761,22 @@ def _cache_call(fn, *args, **kwargs):
         raise click.ClickException(str(exc)) from None
 
 
-def _entry_dict(e) -> dict:
+def _process_nvrtc() -> str | None:
+    """This process's NVRTC version, None when NVRTC cannot be loaded."""
+    try:
+        return compiler.nvrtc_version()
+    except Exception:  # no NVRTC: entries are listed without the comparison
+        return None
+
+
+def _usable_text(e, nvrtc: str | None) -> str:
+    why = e.unusable_reason(nvrtc)
+    return "yes" if why is None else f"no ({why})"
+
+
+def _entry_dict(e, nvrtc: str | None = None) -> dict:
     meta = e.meta or {}
+    why = e.unusable_reason(nvrtc)
     return {
         "key": e.key,
         "kernel": e.kernel,
@@ -772,6 +786,8 @@ def _entry_dict(e) -> dict:
         "last_used": e.last_used,
         "created": meta.get("created"),
         "nvrtc_version": meta.get("nvrtc_version"),
+        "usable": why is None,
+        "unusable_reason": why,
         "compile_seconds": meta.get("compile_seconds"),
         "path": str(e.path),
         "problem": e.problem,
@@ -799,9 +815,11 @@ def cache_dir():
     help="age: most recently used first; size: largest first.",
 )
 def cache_list(as_json, sort):
-    """List the cache entries."""
+    """List the cache entries, with the NVRTC that built each; entries this process cannot
+    load (built by another NVRTC or jitgemm) are marked unusable."""
     cache = KernelCache()
     entries = _cache_call(cache.entries)
+    nvrtc = _process_nvrtc()
     if sort == "size":
         entries.sort(key=lambda e: (-e.size_bytes, e.key))
     else:
@@ -812,19 +830,32 @@ def cache_list(as_json, sort):
             json.dumps(
                 {
                     "root": str(cache.root),
+                    "nvrtc_version": nvrtc,
                     "count": len(entries),
+                    "usable": sum(e.unusable_reason(nvrtc) is None for e in entries),
                     "total_bytes": total,
-                    "entries": [_entry_dict(e) for e in entries],
+                    "entries": [_entry_dict(e, nvrtc) for e in entries],
                 },
                 indent=2,
             )
         )
         return
     now = time.time()
+    unusable = 0
     for e in entries:
-        note = f"  ({e.problem})" if e.problem else ""
-        click.echo(f"{e.key[:16]}  {_human_bytes(e.size_bytes):>10}  {_ago(now - e.last_used):>8}  {e.kernel}{note}")
+        why = e.unusable_reason(nvrtc)
+        unusable += why is not None
+        note = f"  (usable: no, {why})" if why else ""
+        click.echo(
+            f"{e.key[:16]}  {_human_bytes(e.size_bytes):>10}  {_ago(now - e.last_used):>8}  "
+            f"nvrtc {e.nvrtc_version or '?':6} {e.kernel}{note}"
+        )
     click.echo(f"{len(entries)} entries, {_human_bytes(total)} in {cache.root}")
+    if unusable:
+        click.echo(
+            f"{unusable} of them cannot be used by this process (NVRTC {nvrtc or 'unavailable'}): "
+            "the NVRTC version is part of the cache key, so `jitgemm precompile` builds them again for this one"
+        )
 
 
 @cache_group.command("show")
@@ -842,6 +873,7 @@ def cache_show(key, as_json):
         problem = None
     except (UnsafeError, CorruptEntry, OSError) as exc:
         problem = str(exc)
+    nvrtc = _process_nvrtc()
     files = {}
     if not e.path.is_symlink() and e.path.is_dir():  # never list through a link
         with os.scandir(e.path) as items:
@@ -854,6 +886,9 @@ def cache_show(key, as_json):
                     "path": str(e.path),
                     "status": "bad" if problem else "ok",
                     "problem": problem,
+                    "nvrtc_version": e.nvrtc_version,
+                    "usable": e.unusable_reason(nvrtc) is None and problem is None,
+                    "unusable_reason": problem or e.unusable_reason(nvrtc),
                     "files": files,
                     "last_used": e.last_used,
                     "meta": e.meta,
@@ -863,6 +898,8 @@ def cache_show(key, as_json):
         )
         return
     click.echo(f"{'key:':16} {e.key}\n{'path:':16} {e.path}\n{'status:':16} {'BAD: ' + problem if problem else 'ok'}")
+    usable = "no (corrupt)" if problem else _usable_text(e, nvrtc)
+    click.echo(f"{'usable:':16} {usable}")
     for name, size in sorted(files.items()):
         click.echo(f"{'file:':16} {name} ({_human_bytes(size)})")
     for name, value in sorted((e.meta or {}).items()):

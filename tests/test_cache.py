@@ -526,6 +526,29 @@ def test_offline_loads_what_is_cached_and_refuses_a_corrupt_entry(warm_cache, se
     assert issubclass(kernels.OfflineError, RuntimeError) and kernels.OfflineError is OfflineError
 
 
+def test_offline_miss_says_which_nvrtc_built_the_same_kernel(warm_cache, seeded, monkeypatch, no_compile):
+    built_by = compiler.nvrtc_version()
+    monkeypatch.setenv("JITGEMM_OFFLINE", "1")
+    monkeypatch.setattr(compiler, "nvrtc_version", lambda: "99.9")  # e.g. torch brought another NVRTC
+    with pytest.raises(OfflineError) as info:
+        kernels.build(SMALL, problem=Problem(64, 512, 1024))
+    text = str(info.value)
+    assert "not in the cache" in text
+    assert f"kernels for this configuration exist for NVRTC {built_by}; this process has NVRTC 99.9" in text
+
+
+def test_offline_miss_says_when_the_same_config_has_another_source(warm_cache, seeded, monkeypatch, no_compile):
+    monkeypatch.setenv("JITGEMM_OFFLINE", "1")
+    src = kernels.prepare(SMALL)
+    with pytest.raises(OfflineError, match="rendered from another source"):
+        KernelCache(warm_cache).get_or_compile(
+            src.source + "// changed", "sm_90a", src.options, src.nvrtc_version, {"config": SMALL.to_dict()}, None
+        )
+    with pytest.raises(OfflineError) as info:  # an unrelated kernel: no such note
+        fake_get(KernelCache(warm_cache), fake_compiler())
+    assert "exist for NVRTC" not in str(info.value) and "another source" not in str(info.value)
+
+
 def test_offline_variable_is_validated(tmp_cache, monkeypatch):
     monkeypatch.setenv("JITGEMM_OFFLINE", "maybe")
     with pytest.raises(ValueError, match="JITGEMM_OFFLINE"):

@@ -323,6 +323,28 @@ def test_cache_show_accepts_a_prefix(warm_cache, seeded):
     assert invoke("cache", "show", "xyz").exit_code == 1
 
 
+def test_cache_list_and_show_mark_entries_of_another_nvrtc(warm_cache, seeded, monkeypatch):
+    built_by = compiler.nvrtc_version()
+    _, listing = invoke_json("cache", "list")
+    assert listing["nvrtc_version"] == built_by and listing["usable"] == 2
+    assert all(e["usable"] and e["nvrtc_version"] == built_by for e in listing["entries"])
+    assert "usable: no" not in invoke("cache", "list").stdout
+    monkeypatch.setattr(compiler, "nvrtc_version", lambda: "99.9")  # another NVRTC installed
+    _, listing = invoke_json("cache", "list")
+    assert listing["usable"] == 0 and listing["count"] == 2
+    for e in listing["entries"]:
+        assert e["usable"] is False and e["nvrtc_version"] == built_by
+        assert e["unusable_reason"] == f"built by NVRTC {built_by}; this process has NVRTC 99.9"
+    text = invoke("cache", "list").stdout
+    assert f"nvrtc {built_by}" in text and text.count("usable: no") == 2
+    assert "2 of them cannot be used by this process (NVRTC 99.9)" in text
+    result, shown = invoke_json("cache", "show", seeded.keys[0])
+    assert result.exit_code == 0 and shown["status"] == "ok" and shown["usable"] is False
+    assert shown["nvrtc_version"] == built_by and "99.9" in shown["unusable_reason"]
+    text = invoke("cache", "show", seeded.keys[0]).stdout
+    assert f"usable:          no (built by NVRTC {built_by}; this process has NVRTC 99.9)" in text
+
+
 def test_cache_verify_names_the_bad_entries(warm_cache, seeded):
     result, report = invoke_json("cache", "verify")
     assert result.exit_code == 0 and report["checked"] == 2 and report["bad"] == []
