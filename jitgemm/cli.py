@@ -26,7 +26,7 @@ import click
 from cuda.bindings import driver
 from tqdm import tqdm
 
-from . import __version__, compiler, heuristics, kernels, registry, runtime, tuned, tuning
+from . import __version__, compiler, heuristics, kernels, plan, registry, runtime, tuned, tuning
 from .cache import CacheWarning, CorruptEntry, KernelCache, UnsafeError, offline_mode, read_entry
 from .config import ARCHS, KernelConfig, parse_json
 from .heuristics import DeviceSpec
@@ -164,6 +164,15 @@ def _target(arch: str | None, num_sms: int | None) -> DeviceSpec:
     if notes:
         click.echo("jitgemm: note: " + "; ".join(notes), err=True)
     return DeviceSpec(arch=arch, num_sms=num_sms)
+
+
+def _target_name(device: DeviceSpec) -> str | None:
+    """The name that keys the tuning file for `device`: the local GPU's when it is the target
+    (same arch and SM count), else None (the entries of any GPU of that arch and SM count)."""
+    gpu = _local_gpu()
+    if gpu is not None and gpu.arch == device.arch and gpu.num_sms == device.num_sms:
+        return gpu.name
+    return None
 
 
 def _problem_options(func):
@@ -392,6 +401,14 @@ def _shape_problems(
         raise click.UsageError(str(exc)) from None
 
 
+def _parse_config(text: str) -> KernelConfig:
+    """A --config JSON object as a KernelConfig; BadParameter naming --config otherwise."""
+    try:
+        return KernelConfig.from_dict(parse_json(text, "KernelConfig JSON"))
+    except (ValueError, TypeError) as exc:
+        raise click.BadParameter(f"{exc} (in {text!r})", param_hint="--config") from None
+
+
 def _build_one(config: KernelConfig) -> dict:
     start = time.perf_counter()
     try:
@@ -454,12 +471,7 @@ def precompile(
     problems = _shape_problems(
         shapes_file, ms, ns, ks, dtype, out_dtype, layout, "a SHAPES_FILE, or --config" if not configs else None, has_c
     )
-    exact = []
-    for text in configs:
-        try:
-            exact.append(KernelConfig.from_dict(parse_json(text, "KernelConfig JSON")))
-        except (ValueError, TypeError) as exc:
-            raise click.BadParameter(f"{exc} (in {text!r})", param_hint="--config") from None
+    exact = [_parse_config(text) for text in configs]
     try:
         offline = offline_mode()
     except ValueError as exc:
@@ -471,14 +483,20 @@ def precompile(
     device = _target(arch, num_sms) if problems else None
 
     # Map shapes to distinct kernels; a shape the heuristics reject is reported, not fatal.
+    # The same precedence as gemm: JITGEMM_CONFIG, then the tuning file, then the heuristics.
     users: dict[KernelConfig, list[Problem]] = {c: [] for c in exact}
+    sources: dict[str, int] = {}
     select_errors: dict[str, list[Problem]] = {}
     select_start = time.perf_counter()
+    name = _target_name(device) if device else None
     for p in problems:
         try:
-            users.setdefault(heuristics.select(p, device), []).append(p)
+            cfg, source = plan.choose(p, device, name)
         except Exception as exc:
             select_errors.setdefault(f"{type(exc).__name__}: {exc}", []).append(p)
+            continue
+        users.setdefault(cfg, []).append(p)
+        sources[source] = sources.get(source, 0) + 1
 
     select_seconds = time.perf_counter() - select_start
     cache = kernels.default_cache()
@@ -497,6 +515,7 @@ def precompile(
         "cache_root": str(cache.root),
         "dry_run": dry_run,
         "shapes": len(problems),
+        "sources": sources,
         "kernels": records,
         "select_errors": [{"error": e, "problems": [_problem_dict(p) for p in ps]} for e, ps in select_errors.items()],
         "compiled": sum(r["status"] == "compiled" for r in records),
@@ -535,6 +554,12 @@ def _print_precompile(summary: dict, device: DeviceSpec | None) -> None:
     click.echo(
         f"{summary['shapes']} shapes -> {len(summary['kernels'])} kernels{target}; cache {summary['cache_root']}"
     )
+    chosen_by = {k: v for k, v in summary["sources"].items() if k != "heuristics"}
+    if chosen_by:
+        click.echo(
+            "configs from "
+            + ", ".join(f"{plan.SOURCE_TEXT[k]}: {v} shape{'s' if v != 1 else ''}" for k, v in chosen_by.items())
+        )
     labels = {"hit": "cached", "miss": "missing"}
     for r in summary["kernels"]:
         status = labels.get(r["status"], r["status"]) if summary["dry_run"] else r["status"]
@@ -577,22 +602,42 @@ def _print_precompile(summary: dict, device: DeviceSpec | None) -> None:
 @click.argument("n", type=click.IntRange(min=1, max=MAX_DIM))
 @click.argument("k", type=click.IntRange(min=1, max=MAX_DIM))
 @_problem_options
+@click.option(
+    "--config",
+    "config_text",
+    metavar="JSON",
+    default=None,
+    help="Check this exact KernelConfig against the problem, as gemm's config= does.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
-def explain(m, n, k, dtype, out_dtype, layout, has_c, arch, num_sms, as_json):
-    """Show the kernel the heuristics pick for an M x N x K GEMM, the best candidates and why
-    others were rejected."""
+def explain(m, n, k, dtype, out_dtype, layout, has_c, arch, num_sms, config_text, as_json):
+    """Show the kernel an M x N x K GEMM gets and where the choice came from (--config, then
+    JITGEMM_CONFIG, then the tuning file, then the heuristics, as for gemm), the heuristics'
+    best candidates and why others were rejected."""
     try:
         problem = _problem(m, n, k, dtype, out_dtype, layout, has_c)
     except ValueError as exc:  # M x N beyond what the kernels count
         raise click.UsageError(str(exc)) from None
+    forced = _parse_config(config_text) if config_text is not None else None
     device = _target(arch, num_sms)
     explain_fn = getattr(heuristics, "explain", None)
     if explain_fn is None:
         raise click.ClickException("this version of jitgemm.heuristics has no explain()")
     try:
+        chosen, source = plan.choose(problem, device, _target_name(device), forced)
+    except ValueError as exc:  # the --config given, or JITGEMM_CONFIG, cannot run the problem
+        if forced is not None:
+            raise click.BadParameter(str(exc), param_hint="--config") from None
+        raise click.ClickException(str(exc)) from None
+    try:
         report = explain_fn(problem, device, top=5)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+    report = dict(report)
+    if source != "heuristics":
+        report["heuristics_choice"] = report.get("chosen")
+        report["chosen"] = chosen.to_dict()
+    report["source"] = source
     if as_json:
         try:
             click.echo(json.dumps(report, indent=2))
@@ -711,6 +756,10 @@ def format_explanation(report: dict) -> str:
             lines.append(f"{key + ':':10} {_value(report[key])}")
     if "chosen" in report:
         lines.append(f"{'chosen:':10} {_config_label(report['chosen'])}")
+    if "source" in report:
+        lines.append(f"{'source:':10} {plan.SOURCE_TEXT.get(report['source'], report['source'])}")
+    if "heuristics_choice" in report:
+        lines.append(f"{'heuristics:':10} {_config_label(report['heuristics_choice'])} (not used)")
     candidates = report.get("candidates") or []
     if candidates:
         lines.append("candidates (best first):")
@@ -730,7 +779,7 @@ def format_explanation(report: dict) -> str:
         if len(rejected) > MAX_REJECTED_SHOWN:
             lines.append(f"  ... and {len(rejected) - MAX_REJECTED_SHOWN} more (all of them with --json)")
     for key, value in report.items():
-        if key not in ("problem", "device", "chosen", "candidates", "rejected"):
+        if key not in ("problem", "device", "chosen", "source", "heuristics_choice", "candidates", "rejected"):
             lines.append(f"{key + ':':10} {_value(value)}")
     return "\n".join(lines)
 

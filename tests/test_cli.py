@@ -485,7 +485,7 @@ def test_explain_calls_the_heuristics_and_renders_its_report(monkeypatch, no_gpu
     assert text.index(SMALL.name) < text.index(SMALL5.name)
 
     result, report = invoke_json("explain", 128, 7168, 2048, "--out-dtype", "fp32", "--arch", "sm_90a")
-    assert report == STUB_REPORT
+    assert report == {**STUB_REPORT, "source": "heuristics"}
     assert calls[-1][0].out_dtype == "fp32" and calls[-1][1] == DeviceSpec("sm_90a", 132)
 
 
