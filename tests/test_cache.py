@@ -377,6 +377,58 @@ def test_an_untrusted_root_hides_its_entries(warm_cache, seeded, no_compile):
 
 
 @pytest.fixture
+def as_other_user(monkeypatch):
+    """This process seen as another user, and the files' real owner as root (SHARED_OWNER_UID):
+    a cache "built as root" used by someone else, faked so it also runs without root."""
+    owner = os.geteuid()
+    monkeypatch.setattr(cache_mod, "SHARED_OWNER_UID", owner)
+    monkeypatch.setattr(os, "geteuid", lambda: OTHER_UID if owner != OTHER_UID else OTHER_UID + 1)
+
+
+def _read_only_tree(root):
+    os.chmod(root, 0o755)
+    for entry in root.iterdir():
+        if entry.is_dir():
+            os.chmod(entry, 0o755)
+
+
+def test_a_root_owned_cache_is_read_but_never_written_by_another_user(
+    warm_cache, seeded, as_other_user, no_compile, monkeypatch
+):
+    _read_only_tree(warm_cache)
+    before = sorted(p.name for p in warm_cache.iterdir())
+    stamp = (warm_cache / seeded.key).stat().st_mtime_ns
+    time.sleep(0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a trusted shared cache: no warning for a hit
+        built = kernels.build(SMALL)
+    assert built.cache.hit and built.cubin == seeded.cubin
+    assert (warm_cache / seeded.key).stat().st_mtime_ns == stamp  # its last-use time is not written either
+    monkeypatch.setenv("JITGEMM_OFFLINE", "1")
+    assert kernels.build(SMALL).cache.hit
+    monkeypatch.delenv("JITGEMM_OFFLINE")
+    compile_fn = fake_compiler()
+    with pytest.warns(CacheWarning, match="shared cache owned by root, read-only for you") as records:
+        first = fake_get(KernelCache(warm_cache), compile_fn)
+        second = fake_get(KernelCache(warm_cache), compile_fn)
+    assert len(cache_warnings(records)) == 1 and len(compile_fn.calls) == 2  # compiled in memory
+    assert first.path is None and not first.hit and second.path is None
+    assert sorted(p.name for p in warm_cache.iterdir()) == before  # no entry, lock or temporary dir
+    assert [e.key for e in KernelCache(warm_cache).entries()] == [seeded.key]
+    for cleanup in (KernelCache(warm_cache).clear, KernelCache(warm_cache).prune):
+        with pytest.raises(cache_mod.UnsafeError, match="owned by root"):
+            cleanup()
+    assert sorted(p.name for p in warm_cache.iterdir()) == before
+
+
+@pytest.mark.parametrize("where", ["root", "entry"])
+def test_a_root_owned_cache_writable_by_others_is_refused(warm_cache, seeded, as_other_user, where):
+    _read_only_tree(warm_cache)
+    os.chmod(warm_cache if where == "root" else warm_cache / seeded.key, 0o775)
+    assert KernelCache(warm_cache).lookup(seeded.key).status == "unsafe"
+
+
+@pytest.fixture
 def read_only_root(tmp_cache):
     """A really read-only root: mode 0500 for a user; root ignores modes, so chattr +i for root."""
     tmp_cache.mkdir(mode=0o700)
