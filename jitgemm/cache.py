@@ -880,10 +880,10 @@ class KernelCache:
                     self._delete(real, Path(FAILED_DIR) / name)
         return doomed
 
-    def clear(self) -> tuple[int, list[str]]:
+    def clear(self, tuning: bool = False) -> tuple[int, list[str]]:
         """Remove everything the cache made under the root: (entries removed, names left alone).
         Lock files that are held and temporary directories younger than STALE_TMP_S belong to
-        compiles in progress: they stay."""
+        compiles in progress: they stay. The tuning file (jitgemm.tuned) stays unless `tuning`."""
         try:
             real = self._cleanup_root()
         except FileNotFoundError:
@@ -894,7 +894,8 @@ class KernelCache:
             if KEY_RE.fullmatch(name):
                 removed += self._delete(real, name)
             elif name in TUNING_NAMES:
-                continue
+                if tuning:
+                    self._delete(real, name)
             elif name == LOCK_DIR and _is_dir(real / name):
                 if all([_remove_unheld_lock(real / name / lock) for lock in _names(real / name)]):
                     _rmdir_if_empty(real / name)

@@ -1,9 +1,15 @@
 """The `jitgemm` command line: precompile shape sets, inspect and clean the cache, explain choices.
 
-jitgemm precompile [FILE] [--m LIST --n LIST --k LIST] [--dtype ...] [--jobs N] [--dry-run] [--json]
-jitgemm cache dir | list | show KEY | verify | prune | clear
+jitgemm precompile [SHAPES_FILE] [--m LIST --n LIST --k LIST] [problem options] [--config JSON]... [--jobs N]
+                   [--dry-run] [--json]
+jitgemm explain M N K [problem options] [--config JSON] [--json]
+jitgemm tune [SHAPES_FILE] [--m LIST --n LIST --k LIST] [--dtype] [--out-dtype] [--layout] [--top N] [--device N]
+             [--show] [--json]
+jitgemm cache dir | list | show KEY | verify | prune (--older-than | --max-size) | clear [--all]
 jitgemm env [--json]
-jitgemm explain M N K [--dtype ...] [--layout ...] [--arch ...] [--num-sms N] [--json]
+
+Problem options: --dtype, --out-dtype, --layout, --with-c, --arch, --num-sms. The README's "The
+CLI" lists every option (a test keeps it in step with the commands).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from cuda.bindings import driver
 from tqdm import tqdm
 
 from . import __version__, compiler, heuristics, kernels, plan, registry, runtime, tuned, tuning
-from .cache import CacheWarning, CorruptEntry, KernelCache, UnsafeError, offline_mode, read_entry
+from .cache import TUNING_NAMES, CacheWarning, CorruptEntry, KernelCache, UnsafeError, offline_mode, read_entry
 from .config import ARCHS, KernelConfig, parse_json
 from .heuristics import DeviceSpec
 from .problem import INPUT_DTYPES, LAYOUTS, MAX_DIM, OUTPUT_DTYPES, Problem
@@ -54,6 +60,8 @@ def main(ctx: click.Context):
 # ---- option types ----
 
 MAX_SIZES = 1_000_000  # sizes one --m/--n/--k list may give, and shapes their combinations
+MANY_SHAPES = 10_000  # precompile notes that choosing kernels for more shapes than this takes time
+SHAPES_PER_SECOND = 2000  # a rough rate of choosing kernels, for that note
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -290,7 +298,12 @@ def read_shape_file(path: Path) -> list[ShapeSpec]:
     """Shapes from a file: JSON (a list of [M, N, K] or {"m", "n", "k", ...} objects), CSV (with
     an m,n,k[,dtype,out_dtype,layout,name] header or three bare columns) or text (one `M N K` per
     line, `#` starts a comment)."""
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path}: not a text shape file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start} is not UTF-8)"
+        ) from None
     suffix = path.suffix.lower()
     if suffix == ".json":
         data = parse_json(text, str(path))
@@ -390,9 +403,12 @@ def _shape_problems(
     specs = [ShapeSpec(m, n, k) for m in ms for n in ns for k in ks] if ms is not None else []
     if shapes_file is not None:
         try:
-            specs += read_shape_file(shapes_file)
+            from_file = read_shape_file(shapes_file)
         except (OSError, ValueError) as exc:
             raise click.UsageError(str(exc)) from None
+        if not from_file:
+            raise click.UsageError(f"{shapes_file}: the shape file is empty (no shapes, only blank or comment lines)")
+        specs += from_file
     if not specs and other_sources is not None:
         raise click.UsageError(f"no shapes: give --m, --n and --k, {other_sources}")
     try:
@@ -402,11 +418,34 @@ def _shape_problems(
 
 
 def _parse_config(text: str) -> KernelConfig:
-    """A --config JSON object as a KernelConfig; BadParameter naming --config otherwise."""
+    """A --config JSON object as a KernelConfig that its arch can lay out (the structural rules
+    and the shared memory: what can be checked without a problem); BadParameter naming
+    --config otherwise, before anything is compiled."""
     try:
-        return KernelConfig.from_dict(parse_json(text, "KernelConfig JSON"))
+        cfg = KernelConfig.from_dict(parse_json(text, "KernelConfig JSON"))
     except (ValueError, TypeError) as exc:
         raise click.BadParameter(f"{exc} (in {text!r})", param_hint="--config") from None
+    reasons = structural_problems(cfg)
+    if reasons:
+        raise click.BadParameter(
+            f"{cfg.name} cannot be built: {'; '.join(reasons)} (in {text!r})", param_hint="--config"
+        )
+    return cfg
+
+
+def structural_problems(cfg: KernelConfig) -> list[str]:
+    """Why `cfg` cannot be laid out on its arch, whatever the problem: the arch's structural
+    rules, then its shared memory against the arch's capacity."""
+    arch = registry.get(cfg.arch)
+    reasons = arch.structural_problems(cfg)
+    if not reasons:
+        lay = arch.layout_of(cfg)
+        if lay.smem_bytes > arch.smem_capacity:
+            reasons.append(
+                f"needs {lay.smem_bytes} bytes of shared memory ({cfg.num_stages} stages), more than the "
+                f"{arch.smem_capacity} of {cfg.arch}"
+            )
+    return reasons
 
 
 def _build_one(config: KernelConfig) -> dict:
@@ -489,7 +528,14 @@ def precompile(
     select_errors: dict[str, list[Problem]] = {}
     select_start = time.perf_counter()
     name = _target_name(device) if device else None
-    for p in problems:
+    if len(problems) > MANY_SHAPES:
+        click.echo(
+            f"jitgemm: note: {len(problems)} shapes: choosing a kernel for each takes a while "
+            f"(roughly {len(problems) / SHAPES_PER_SECOND:.0f} s at {SHAPES_PER_SECOND} shapes/s)",
+            err=True,
+        )
+    bar = tqdm(problems, desc="jitgemm: choosing kernels", unit="shape", file=sys.stderr, disable=None, leave=False)
+    for p in bar:
         try:
             cfg, source = plan.choose(p, device, name)
         except Exception as exc:
@@ -497,6 +543,7 @@ def precompile(
             continue
         users.setdefault(cfg, []).append(p)
         sources[source] = sources.get(source, 0) + 1
+    bar.close()
 
     select_seconds = time.perf_counter() - select_start
     cache = kernels.default_cache()
@@ -911,7 +958,7 @@ def cache_list(as_json, sort):
 @click.argument("key")
 @click.option("--json", "as_json", is_flag=True)
 def cache_show(key, as_json):
-    """Show one entry (KEY may be a unique prefix) and check its hashes."""
+    """Show one entry (KEY may be a unique prefix) and check its hashes (exit status 1 if bad)."""
     cache = KernelCache()
     try:
         e = _cache_call(cache.find, key)
@@ -945,7 +992,7 @@ def cache_show(key, as_json):
                 indent=2,
             )
         )
-        return
+        sys.exit(1 if problem else 0)
     click.echo(f"{'key:':16} {e.key}\n{'path:':16} {e.path}\n{'status:':16} {'BAD: ' + problem if problem else 'ok'}")
     usable = "no (corrupt)" if problem else _usable_text(e, nvrtc)
     click.echo(f"{'usable:':16} {usable}")
@@ -958,6 +1005,8 @@ def cache_show(key, as_json):
             value = json.dumps(value)
         if name != "key":
             click.echo(f"{name + ':':16} {value}")
+    if problem:
+        sys.exit(1)
 
 
 @cache_group.command("verify")
@@ -994,9 +1043,12 @@ def cache_verify(as_json):
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 @click.option("--json", "as_json", is_flag=True)
 def cache_prune(older_than, max_size, dry_run, as_json):
-    """Remove old entries and temporary leftovers; never anything outside the cache root."""
+    """Remove old entries and temporary leftovers; never anything outside the cache root.
+    Give --older-than and/or --max-size (there is no default)."""
     if older_than is None and max_size is None:
-        raise click.UsageError("give --older-than and/or --max-size")
+        raise click.UsageError(
+            "prune has no default: give --older-than DURATION (e.g. 30d) and/or --max-size SIZE (e.g. 2G)"
+        )
     cache = KernelCache()
     removed = _cache_call(cache.prune, older_than=older_than, max_size=max_size, dry_run=dry_run)
     freed = sum(e.size_bytes for e in removed)
@@ -1021,17 +1073,28 @@ def cache_prune(older_than, max_size, dry_run, as_json):
 
 @cache_group.command("clear")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def cache_clear(yes):
-    """Delete every cache entry (items jitgemm did not make are left alone)."""
+@click.option("--all", "everything", is_flag=True, help="Also remove the tuning file (tuned.json, from jitgemm tune).")
+def cache_clear(yes, everything):
+    """Delete every cache entry; the tuning file is kept unless --all is given (items jitgemm
+    did not make are left alone)."""
     cache = KernelCache()
     entries = _cache_call(cache.entries)
+    tuning_file = cache.root / TUNING_NAMES[0]
+    has_tuning = tuning_file.is_file() and not tuning_file.is_symlink()
     if not yes:
+        also = f" and the tuning file {TUNING_NAMES[0]}" if everything and has_tuning else ""
         click.confirm(
-            f"Delete {len(entries)} entries ({_human_bytes(sum(e.size_bytes for e in entries))}) under {cache.root}?",
+            f"Delete {len(entries)} entries ({_human_bytes(sum(e.size_bytes for e in entries))}){also} "
+            f"under {cache.root}?",
             abort=True,
         )
-    removed, unknown = _cache_call(cache.clear)
+    removed, unknown = _cache_call(cache.clear, tuning=everything)
     click.echo(f"removed {removed} entries from {cache.root}")
+    if has_tuning:
+        if everything:
+            click.echo(f"removed the tuning file {tuning_file}")
+        else:
+            click.echo(f"kept the tuning file {tuning_file} (jitgemm tune's choices; --all removes it too)")
     if unknown:
         click.echo(f"left alone (not made by jitgemm): {', '.join(unknown)}", err=True)
 
