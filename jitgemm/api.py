@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 from cuda.bindings import driver
 
-from . import context, heuristics, kernels, launch, registry, runtime, tuned
+from . import context, kernels, launch, plan, registry, runtime
 from .arrays import (
     GENERIC,
     HOST,
@@ -201,17 +201,9 @@ def _copy_in(view: View, major: int, argname: str, dev: int, stream: int) -> Vie
 # --------------------------------------------------------------------------------------------
 def _config_for(problem: Problem, dev: int, config: KernelConfig | None) -> KernelConfig:
     """The config for `problem` on device `dev`: `config` (checked), else JITGEMM_CONFIG, else
-    the tuning file's entry (`jitgemm tune`), else the heuristics' choice."""
-    spec = device_spec(dev)
-    if config is not None:
-        return heuristics.require_valid(config, problem, spec, "config")
-    from_env = heuristics.config_from_env(problem, spec)
-    if from_env is not None:
-        return from_env
+    the tuning file's entry (`jitgemm tune`), else the heuristics' choice (jitgemm.plan)."""
     # The device's name keys the tuning file: asked for only when the file has entries.
-    has_entries = tuned.enabled() and tuned.read_entries()
-    from_file = tuned.tuned_config(problem, spec, runtime.device_info(dev).name) if has_entries else None
-    return from_file if from_file is not None else heuristics.select(problem, spec)
+    return plan.choose(problem, device_spec(dev), lambda: runtime.device_info(dev).name, config)[0]
 
 
 def config_for(problem: Problem, device: int = 0) -> KernelConfig:

@@ -10,7 +10,10 @@ gone and compiles without the lock: a duplicate compile publishes the same entry
 
 Trust: the root, each entry and each file must be owned by the user, not be a symlink and not be
 writable by group or others (checked with lstat/fstat, never following links); otherwise the
-kernel is compiled in memory with a warning. A cubin whose size or sha256 does not match its
+kernel is compiled in memory with a warning. Items owned by root (SHARED_OWNER_UID) pass too,
+for reading only: a cache built as root (say, in a container image) is shared read-only with
+every user. Such a root is never written (no lock, no entry, no last-use time, no prune or
+clear); a kernel it lacks is compiled in memory, with one warning. A cubin whose size or sha256 does not match its
 meta file is a miss: it is rebuilt and reported once. A root that cannot be written (read-only,
 full disk, a file in its place) means in-memory compilation with one warning, never a crash.
 Only regular files are opened (a FIFO in place of a cache file could block forever): anything
@@ -51,6 +54,7 @@ STALE_TMP_S = 3600.0  # prune/clear remove temporary directories older than this
 KEY_RE = re.compile(r"[0-9a-f]{64}")
 TUNING_NAMES = ("tuned.json", "tuned.json.lock")  # jitgemm.tuned's file: not a kernel entry, kept by clear
 ENV_ROOT, ENV_OFFLINE = "JITGEMM_CACHE_DIR", "JITGEMM_OFFLINE"
+SHARED_OWNER_UID = 0  # root: what it owns may be read by anyone (never written by others)
 
 
 class CacheWarning(UserWarning):
@@ -104,22 +108,39 @@ def cache_key(source: str, options: tuple, arch: str, nvrtc_version: str, schema
 # ---- trust checks (lstat/fstat only: a symlink is judged, never followed) ----
 
 
-def _check_trusted(st: os.stat_result, path: Path, what: str) -> None:
+def _check_trusted(st: os.stat_result, path: Path, what: str, write: bool = False) -> None:
+    """UnsafeError unless `path` (lstat/fstat `st`) is no symlink, not writable by group or
+    others, and owned by the user, or, to be read only (`write` False), by root."""
     if stat.S_ISLNK(st.st_mode):
         raise UnsafeError(f"{what} {path} is a symlink")
     uid = os.geteuid()
     if st.st_uid != uid:
-        raise UnsafeError(f"{what} {path} is owned by uid {st.st_uid}, not by you (uid {uid})")
+        if st.st_uid == SHARED_OWNER_UID and write:
+            raise UnsafeError(
+                f"{what} {path} is owned by root: a shared cache is only read by other users (write it as root)"
+            )
+        if st.st_uid != SHARED_OWNER_UID:
+            raise UnsafeError(f"{what} {path} is owned by uid {st.st_uid}, not by you (uid {uid}) or root")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeError(f"{what} {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
 
 
-def check_root(root: Path) -> None:
-    """Raise UnsafeError for an untrusted root, FileNotFoundError/NotADirectoryError if unusable."""
+def check_root(root: Path, write: bool = False) -> None:
+    """Raise UnsafeError for an untrusted root (to write: one not the user's), FileNotFoundError
+    or NotADirectoryError if unusable."""
     st = os.lstat(root)
-    _check_trusted(st, root, "cache root")
+    _check_trusted(st, root, "cache root", write)
     if not stat.S_ISDIR(st.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, "cache root is not a directory", str(root))
+
+
+def is_shared(root: Path) -> bool:
+    """Whether `root` is a trusted cache of root's that this (other) user only reads."""
+    try:
+        owner = os.lstat(root).st_uid
+    except OSError:
+        return False
+    return owner == SHARED_OWNER_UID != os.geteuid()
 
 
 def _open_regular(path: Path, flags: int, what: str) -> int:
@@ -127,6 +148,7 @@ def _open_regular(path: Path, flags: int, what: str) -> int:
     nothing): a FIFO or device is never opened, as that can block forever. The fd is checked to
     be the file lstat saw. FileNotFoundError when missing, UnsafeError when untrusted,
     CorruptEntry when not a regular file."""
+    writing = bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
     try:
         before = os.lstat(path)
     except FileNotFoundError:
@@ -134,7 +156,7 @@ def _open_regular(path: Path, flags: int, what: str) -> int:
             raise
         before = None
     if before is not None:
-        _check_trusted(before, path, "cache file")
+        _check_trusted(before, path, "cache file", writing)
         if not stat.S_ISREG(before.st_mode):
             raise CorruptEntry(f"{what} is not a regular file")
     try:  # O_NONBLOCK: should a FIFO be swapped in after the lstat, opening it does not block
@@ -145,7 +167,7 @@ def _open_regular(path: Path, flags: int, what: str) -> int:
         raise
     try:
         st = os.fstat(fd)  # of the file actually opened: no window between check and use
-        _check_trusted(st, path, "cache file")
+        _check_trusted(st, path, "cache file", writing)
         if not stat.S_ISREG(st.st_mode) or (before is not None and not os.path.samestat(before, st)):
             raise CorruptEntry(f"{what} was replaced while being opened")
     except BaseException:
@@ -394,7 +416,7 @@ def make_private_dir(path: Path, what: str) -> None:
         os.mkdir(path, 0o700)
     except FileExistsError:
         st = os.lstat(path)
-        _check_trusted(st, path, what)
+        _check_trusted(st, path, what, write=True)
         if not stat.S_ISDIR(st.st_mode):
             raise NotADirectoryError(errno.ENOTDIR, f"{what} is not a directory", str(path)) from None
 
@@ -467,6 +489,26 @@ class EntryInfo:
     def kernel(self) -> str:
         return (self.meta or {}).get("kernel", "?")
 
+    @property
+    def nvrtc_version(self) -> str | None:
+        """The NVRTC that built the entry (from its meta file), None when unknown."""
+        value = (self.meta or {}).get("nvrtc_version")
+        return value if isinstance(value, str) else None
+
+    def unusable_reason(self, nvrtc_version: str | None) -> str | None:
+        """Why a process whose NVRTC is `nvrtc_version` cannot load this entry (its key covers
+        the NVRTC version and the cache schema), or None when it can. An entry whose meta file
+        cannot be read is unusable; with `nvrtc_version` None (NVRTC unavailable) only the
+        entry itself is judged."""
+        if self.problem:
+            return self.problem
+        meta = self.meta or {}
+        if meta.get("schema") != CACHE_SCHEMA:
+            return f"written by another jitgemm (cache schema {meta.get('schema')}; this one uses {CACHE_SCHEMA})"
+        if nvrtc_version is not None and self.nvrtc_version != nvrtc_version:
+            return f"built by NVRTC {self.nvrtc_version}; this process has NVRTC {nvrtc_version}"
+        return None
+
 
 class KernelCache:
     def __init__(self, root: Path | str | None = None):
@@ -493,7 +535,7 @@ class KernelCache:
             return Lookup("unsafe", reason=str(exc))
         except CorruptEntry as exc:
             return Lookup("corrupt", reason=str(exc))
-        if touch:
+        if touch and not is_shared(self.root):  # a shared cache is never written
             try:
                 os.utime(self.entry_dir(key))  # last use, for prune; a read-only root is fine
             except OSError:
@@ -514,9 +556,16 @@ class KernelCache:
         if found.status == "hit":
             return CacheResult(found.cubin, key, True, 0.0, self.entry_dir(key))
         if offline_mode():
-            raise OfflineError(self._offline_message(key, found, offline_hint))
+            others = (
+                self.other_builds(source, arch, options, nvrtc_version, meta.get("config"))
+                if found.status == "miss"
+                else ""
+            )
+            raise OfflineError(self._offline_message(key, found, offline_hint, others))
         if found.status == "unsafe":
             return self._in_memory(key, compile_fn, found)
+        if is_shared(self.root):
+            return self._in_memory(key, compile_fn, None, shared=True)
         try:
             self.ensure_root()
             make_private_dir(self.root / LOCK_DIR, "lock directory")
@@ -546,18 +595,27 @@ class KernelCache:
             lock.release()
 
     def ensure_root(self) -> None:
+        """The root made or checked for writing: the user's own (UnsafeError otherwise)."""
         try:
-            check_root(self.root)
+            check_root(self.root, write=True)
         except FileNotFoundError:
             self.root.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.mkdir(self.root, 0o700)
             except FileExistsError:
                 pass
-            check_root(self.root)  # whoever created it, it must be trusted now
+            check_root(self.root, write=True)  # whoever created it, it must be trusted now
 
-    def _in_memory(self, key: str, compile_fn, unsafe: Lookup | None, error: OSError | None = None) -> CacheResult:
-        if unsafe is not None:
+    def _in_memory(
+        self, key: str, compile_fn, unsafe: Lookup | None, error: OSError | None = None, shared: bool = False
+    ) -> CacheResult:
+        if shared:
+            _warn_once(
+                (str(self.root), "shared"),
+                f"jitgemm cache at {self.root} is a shared cache owned by root, read-only for you: kernels it "
+                f"lacks are compiled in memory (point {ENV_ROOT} at a directory of your own to keep them)",
+            )
+        elif unsafe is not None:
             token = (str(self.root), "unsafe") if unsafe.root_unsafe else (str(self.root), key, "unsafe")
             _warn_once(token, f"jitgemm cache not used: {unsafe.reason}; compiling the kernel in memory")
         else:
@@ -664,14 +722,55 @@ class KernelCache:
                 pass  # prune removes leftover trash
         return entry
 
-    def _offline_message(self, key: str, found: Lookup, hint: str) -> str:
+    def _offline_message(self, key: str, found: Lookup, hint: str, others: str = "") -> str:
         why = {
             "miss": "is not in the cache",
             "corrupt": f"has a corrupt cache entry ({found.reason})",
             "unsafe": f"cannot be loaded from the cache ({found.reason})",
         }[found.status]
         text = f"{ENV_OFFLINE}=1 forbids compiling, and the kernel with cache key {key} {why} (cache root {self.root})."
+        if others:
+            text = f"{text}\n  {others}"
         return f"{text}\n{hint}" if hint else text
+
+    def other_builds(
+        self, source: str, arch: str, options: tuple, nvrtc_version: str, config: dict | None = None
+    ) -> str:
+        """Why an entry for `source` is missing although the cache holds the same kernel: "" when
+        it does not. The stored source (its sha256 in the meta file) or, failing that, the stored
+        config and arch are compared, never the key, which covers the NVRTC version and schema."""
+        source_sha = hashlib.sha256(source.encode()).hexdigest()
+        same_source, same_config = set(), set()
+        try:
+            entries = self.entries()
+        except (UnsafeError, OSError):
+            return ""
+        for e in entries:
+            meta = e.meta or {}
+            if meta.get("arch") != arch:
+                continue
+            if meta.get("source_sha256") == source_sha:
+                same_source.add((e.nvrtc_version or "?", meta.get("schema"), tuple(meta.get("options") or ())))
+            elif config is not None and meta.get("config") == config:
+                same_config.add(e.nvrtc_version or "?")
+        nvrtcs = sorted({v for v, _, _ in same_source if v != nvrtc_version})
+        if nvrtcs:
+            return (
+                f"kernels for this configuration exist for NVRTC {', '.join(nvrtcs)}; this process has NVRTC "
+                f"{nvrtc_version} (the NVRTC version is part of the cache key: precompile again with this "
+                f"NVRTC, or run with the one that built them)"
+            )
+        if same_source:
+            return (
+                "the cache holds this kernel's source built with other compile options or by another "
+                "cache schema (another jitgemm version): precompile again with this one"
+            )
+        if same_config:
+            return (
+                f"the cache holds this configuration rendered from another source (another jitgemm "
+                f"version; NVRTC {', '.join(sorted(same_config))}): precompile again with this one"
+            )
+        return ""
 
     # ---- inspection and cleanup (the `jitgemm cache` commands) ----
     def entries(self) -> list[EntryInfo]:
@@ -735,8 +834,9 @@ class KernelCache:
         return report
 
     def _cleanup_root(self) -> Path:
-        """The real directory prune/clear work in, after the same trust checks as loading."""
-        check_root(self.root)
+        """The real directory prune/clear work in, after the trust checks of writing (a shared
+        cache of root's is cleaned by root only)."""
+        check_root(self.root, write=True)
         return Path(os.path.realpath(self.root))
 
     def prune(
@@ -780,10 +880,10 @@ class KernelCache:
                     self._delete(real, Path(FAILED_DIR) / name)
         return doomed
 
-    def clear(self) -> tuple[int, list[str]]:
+    def clear(self, tuning: bool = False) -> tuple[int, list[str]]:
         """Remove everything the cache made under the root: (entries removed, names left alone).
         Lock files that are held and temporary directories younger than STALE_TMP_S belong to
-        compiles in progress: they stay."""
+        compiles in progress: they stay. The tuning file (jitgemm.tuned) stays unless `tuning`."""
         try:
             real = self._cleanup_root()
         except FileNotFoundError:
@@ -794,7 +894,8 @@ class KernelCache:
             if KEY_RE.fullmatch(name):
                 removed += self._delete(real, name)
             elif name in TUNING_NAMES:
-                continue
+                if tuning:
+                    self._delete(real, name)
             elif name == LOCK_DIR and _is_dir(real / name):
                 if all([_remove_unheld_lock(real / name / lock) for lock in _names(real / name)]):
                     _rmdir_if_empty(real / name)

@@ -1,9 +1,15 @@
 """The `jitgemm` command line: precompile shape sets, inspect and clean the cache, explain choices.
 
-jitgemm precompile [FILE] [--m LIST --n LIST --k LIST] [--dtype ...] [--jobs N] [--dry-run] [--json]
-jitgemm cache dir | list | show KEY | verify | prune | clear
+jitgemm precompile [SHAPES_FILE] [--m LIST --n LIST --k LIST] [problem options] [--config JSON]... [--jobs N]
+                   [--dry-run] [--json]
+jitgemm explain M N K [problem options] [--config JSON] [--json]
+jitgemm tune [SHAPES_FILE] [--m LIST --n LIST --k LIST] [--dtype] [--out-dtype] [--layout] [--top N] [--device N]
+             [--show] [--json]
+jitgemm cache dir | list | show KEY | verify | prune (--older-than | --max-size) | clear [--all]
 jitgemm env [--json]
-jitgemm explain M N K [--dtype ...] [--layout ...] [--arch ...] [--num-sms N] [--json]
+
+Problem options: --dtype, --out-dtype, --layout, --with-c, --arch, --num-sms. The README's "The
+CLI" lists every option (a test keeps it in step with the commands).
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ import click
 from cuda.bindings import driver
 from tqdm import tqdm
 
-from . import __version__, compiler, heuristics, kernels, registry, runtime, tuned, tuning
-from .cache import CacheWarning, CorruptEntry, KernelCache, UnsafeError, offline_mode, read_entry
+from . import __version__, compiler, heuristics, kernels, plan, registry, runtime, tuned, tuning
+from .cache import TUNING_NAMES, CacheWarning, CorruptEntry, KernelCache, UnsafeError, offline_mode, read_entry
 from .config import ARCHS, KernelConfig, parse_json
 from .heuristics import DeviceSpec
 from .problem import INPUT_DTYPES, LAYOUTS, MAX_DIM, OUTPUT_DTYPES, Problem
@@ -54,6 +60,8 @@ def main(ctx: click.Context):
 # ---- option types ----
 
 MAX_SIZES = 1_000_000  # sizes one --m/--n/--k list may give, and shapes their combinations
+MANY_SHAPES = 10_000  # precompile notes that choosing kernels for more shapes than this takes time
+SHAPES_PER_SECOND = 2000  # a rough rate of choosing kernels, for that note
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -164,6 +172,15 @@ def _target(arch: str | None, num_sms: int | None) -> DeviceSpec:
     if notes:
         click.echo("jitgemm: note: " + "; ".join(notes), err=True)
     return DeviceSpec(arch=arch, num_sms=num_sms)
+
+
+def _target_name(device: DeviceSpec) -> str | None:
+    """The name that keys the tuning file for `device`: the local GPU's when it is the target
+    (same arch and SM count), else None (the entries of any GPU of that arch and SM count)."""
+    gpu = _local_gpu()
+    if gpu is not None and gpu.arch == device.arch and gpu.num_sms == device.num_sms:
+        return gpu.name
+    return None
 
 
 def _problem_options(func):
@@ -281,7 +298,12 @@ def read_shape_file(path: Path) -> list[ShapeSpec]:
     """Shapes from a file: JSON (a list of [M, N, K] or {"m", "n", "k", ...} objects), CSV (with
     an m,n,k[,dtype,out_dtype,layout,name] header or three bare columns) or text (one `M N K` per
     line, `#` starts a comment)."""
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path}: not a text shape file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start} is not UTF-8)"
+        ) from None
     suffix = path.suffix.lower()
     if suffix == ".json":
         data = parse_json(text, str(path))
@@ -381,15 +403,49 @@ def _shape_problems(
     specs = [ShapeSpec(m, n, k) for m in ms for n in ns for k in ks] if ms is not None else []
     if shapes_file is not None:
         try:
-            specs += read_shape_file(shapes_file)
+            from_file = read_shape_file(shapes_file)
         except (OSError, ValueError) as exc:
             raise click.UsageError(str(exc)) from None
+        if not from_file:
+            raise click.UsageError(f"{shapes_file}: the shape file is empty (no shapes, only blank or comment lines)")
+        specs += from_file
     if not specs and other_sources is not None:
         raise click.UsageError(f"no shapes: give --m, --n and --k, {other_sources}")
     try:
         return _resolve_specs(specs, dtype, out_dtype, layout, has_c)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+
+
+def _parse_config(text: str) -> KernelConfig:
+    """A --config JSON object as a KernelConfig that its arch can lay out (the structural rules
+    and the shared memory: what can be checked without a problem); BadParameter naming
+    --config otherwise, before anything is compiled."""
+    try:
+        cfg = KernelConfig.from_dict(parse_json(text, "KernelConfig JSON"))
+    except (ValueError, TypeError) as exc:
+        raise click.BadParameter(f"{exc} (in {text!r})", param_hint="--config") from None
+    reasons = structural_problems(cfg)
+    if reasons:
+        raise click.BadParameter(
+            f"{cfg.name} cannot be built: {'; '.join(reasons)} (in {text!r})", param_hint="--config"
+        )
+    return cfg
+
+
+def structural_problems(cfg: KernelConfig) -> list[str]:
+    """Why `cfg` cannot be laid out on its arch, whatever the problem: the arch's structural
+    rules, then its shared memory against the arch's capacity."""
+    arch = registry.get(cfg.arch)
+    reasons = arch.structural_problems(cfg)
+    if not reasons:
+        lay = arch.layout_of(cfg)
+        if lay.smem_bytes > arch.smem_capacity:
+            reasons.append(
+                f"needs {lay.smem_bytes} bytes of shared memory ({cfg.num_stages} stages), more than the "
+                f"{arch.smem_capacity} of {cfg.arch}"
+            )
+    return reasons
 
 
 def _build_one(config: KernelConfig) -> dict:
@@ -454,12 +510,7 @@ def precompile(
     problems = _shape_problems(
         shapes_file, ms, ns, ks, dtype, out_dtype, layout, "a SHAPES_FILE, or --config" if not configs else None, has_c
     )
-    exact = []
-    for text in configs:
-        try:
-            exact.append(KernelConfig.from_dict(parse_json(text, "KernelConfig JSON")))
-        except (ValueError, TypeError) as exc:
-            raise click.BadParameter(f"{exc} (in {text!r})", param_hint="--config") from None
+    exact = [_parse_config(text) for text in configs]
     try:
         offline = offline_mode()
     except ValueError as exc:
@@ -471,14 +522,28 @@ def precompile(
     device = _target(arch, num_sms) if problems else None
 
     # Map shapes to distinct kernels; a shape the heuristics reject is reported, not fatal.
+    # The same precedence as gemm: JITGEMM_CONFIG, then the tuning file, then the heuristics.
     users: dict[KernelConfig, list[Problem]] = {c: [] for c in exact}
+    sources: dict[str, int] = {}
     select_errors: dict[str, list[Problem]] = {}
     select_start = time.perf_counter()
-    for p in problems:
+    name = _target_name(device) if device else None
+    if len(problems) > MANY_SHAPES:
+        click.echo(
+            f"jitgemm: note: {len(problems)} shapes: choosing a kernel for each takes a while "
+            f"(roughly {len(problems) / SHAPES_PER_SECOND:.0f} s at {SHAPES_PER_SECOND} shapes/s)",
+            err=True,
+        )
+    bar = tqdm(problems, desc="jitgemm: choosing kernels", unit="shape", file=sys.stderr, disable=None, leave=False)
+    for p in bar:
         try:
-            users.setdefault(heuristics.select(p, device), []).append(p)
+            cfg, source = plan.choose(p, device, name)
         except Exception as exc:
             select_errors.setdefault(f"{type(exc).__name__}: {exc}", []).append(p)
+            continue
+        users.setdefault(cfg, []).append(p)
+        sources[source] = sources.get(source, 0) + 1
+    bar.close()
 
     select_seconds = time.perf_counter() - select_start
     cache = kernels.default_cache()
@@ -497,6 +562,7 @@ def precompile(
         "cache_root": str(cache.root),
         "dry_run": dry_run,
         "shapes": len(problems),
+        "sources": sources,
         "kernels": records,
         "select_errors": [{"error": e, "problems": [_problem_dict(p) for p in ps]} for e, ps in select_errors.items()],
         "compiled": sum(r["status"] == "compiled" for r in records),
@@ -535,6 +601,12 @@ def _print_precompile(summary: dict, device: DeviceSpec | None) -> None:
     click.echo(
         f"{summary['shapes']} shapes -> {len(summary['kernels'])} kernels{target}; cache {summary['cache_root']}"
     )
+    chosen_by = {k: v for k, v in summary["sources"].items() if k != "heuristics"}
+    if chosen_by:
+        click.echo(
+            "configs from "
+            + ", ".join(f"{plan.SOURCE_TEXT[k]}: {v} shape{'s' if v != 1 else ''}" for k, v in chosen_by.items())
+        )
     labels = {"hit": "cached", "miss": "missing"}
     for r in summary["kernels"]:
         status = labels.get(r["status"], r["status"]) if summary["dry_run"] else r["status"]
@@ -577,22 +649,42 @@ def _print_precompile(summary: dict, device: DeviceSpec | None) -> None:
 @click.argument("n", type=click.IntRange(min=1, max=MAX_DIM))
 @click.argument("k", type=click.IntRange(min=1, max=MAX_DIM))
 @_problem_options
+@click.option(
+    "--config",
+    "config_text",
+    metavar="JSON",
+    default=None,
+    help="Check this exact KernelConfig against the problem, as gemm's config= does.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
-def explain(m, n, k, dtype, out_dtype, layout, has_c, arch, num_sms, as_json):
-    """Show the kernel the heuristics pick for an M x N x K GEMM, the best candidates and why
-    others were rejected."""
+def explain(m, n, k, dtype, out_dtype, layout, has_c, arch, num_sms, config_text, as_json):
+    """Show the kernel an M x N x K GEMM gets and where the choice came from (--config, then
+    JITGEMM_CONFIG, then the tuning file, then the heuristics, as for gemm), the heuristics'
+    best candidates and why others were rejected."""
     try:
         problem = _problem(m, n, k, dtype, out_dtype, layout, has_c)
     except ValueError as exc:  # M x N beyond what the kernels count
         raise click.UsageError(str(exc)) from None
+    forced = _parse_config(config_text) if config_text is not None else None
     device = _target(arch, num_sms)
     explain_fn = getattr(heuristics, "explain", None)
     if explain_fn is None:
         raise click.ClickException("this version of jitgemm.heuristics has no explain()")
     try:
+        chosen, source = plan.choose(problem, device, _target_name(device), forced)
+    except ValueError as exc:  # the --config given, or JITGEMM_CONFIG, cannot run the problem
+        if forced is not None:
+            raise click.BadParameter(str(exc), param_hint="--config") from None
+        raise click.ClickException(str(exc)) from None
+    try:
         report = explain_fn(problem, device, top=5)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+    report = dict(report)
+    if source != "heuristics":
+        report["heuristics_choice"] = report.get("chosen")
+        report["chosen"] = chosen.to_dict()
+    report["source"] = source
     if as_json:
         try:
             click.echo(json.dumps(report, indent=2))
@@ -711,6 +803,10 @@ def format_explanation(report: dict) -> str:
             lines.append(f"{key + ':':10} {_value(report[key])}")
     if "chosen" in report:
         lines.append(f"{'chosen:':10} {_config_label(report['chosen'])}")
+    if "source" in report:
+        lines.append(f"{'source:':10} {plan.SOURCE_TEXT.get(report['source'], report['source'])}")
+    if "heuristics_choice" in report:
+        lines.append(f"{'heuristics:':10} {_config_label(report['heuristics_choice'])} (not used)")
     candidates = report.get("candidates") or []
     if candidates:
         lines.append("candidates (best first):")
@@ -730,7 +826,7 @@ def format_explanation(report: dict) -> str:
         if len(rejected) > MAX_REJECTED_SHOWN:
             lines.append(f"  ... and {len(rejected) - MAX_REJECTED_SHOWN} more (all of them with --json)")
     for key, value in report.items():
-        if key not in ("problem", "device", "chosen", "candidates", "rejected"):
+        if key not in ("problem", "device", "chosen", "source", "heuristics_choice", "candidates", "rejected"):
             lines.append(f"{key + ':':10} {_value(value)}")
     return "\n".join(lines)
 
@@ -761,8 +857,22 @@ def _cache_call(fn, *args, **kwargs):
         raise click.ClickException(str(exc)) from None
 
 
-def _entry_dict(e) -> dict:
+def _process_nvrtc() -> str | None:
+    """This process's NVRTC version, None when NVRTC cannot be loaded."""
+    try:
+        return compiler.nvrtc_version()
+    except Exception:  # no NVRTC: entries are listed without the comparison
+        return None
+
+
+def _usable_text(e, nvrtc: str | None) -> str:
+    why = e.unusable_reason(nvrtc)
+    return "yes" if why is None else f"no ({why})"
+
+
+def _entry_dict(e, nvrtc: str | None = None) -> dict:
     meta = e.meta or {}
+    why = e.unusable_reason(nvrtc)
     return {
         "key": e.key,
         "kernel": e.kernel,
@@ -772,6 +882,8 @@ def _entry_dict(e) -> dict:
         "last_used": e.last_used,
         "created": meta.get("created"),
         "nvrtc_version": meta.get("nvrtc_version"),
+        "usable": why is None,
+        "unusable_reason": why,
         "compile_seconds": meta.get("compile_seconds"),
         "path": str(e.path),
         "problem": e.problem,
@@ -799,9 +911,11 @@ def cache_dir():
     help="age: most recently used first; size: largest first.",
 )
 def cache_list(as_json, sort):
-    """List the cache entries."""
+    """List the cache entries, with the NVRTC that built each; entries this process cannot
+    load (built by another NVRTC or jitgemm) are marked unusable."""
     cache = KernelCache()
     entries = _cache_call(cache.entries)
+    nvrtc = _process_nvrtc()
     if sort == "size":
         entries.sort(key=lambda e: (-e.size_bytes, e.key))
     else:
@@ -812,26 +926,39 @@ def cache_list(as_json, sort):
             json.dumps(
                 {
                     "root": str(cache.root),
+                    "nvrtc_version": nvrtc,
                     "count": len(entries),
+                    "usable": sum(e.unusable_reason(nvrtc) is None for e in entries),
                     "total_bytes": total,
-                    "entries": [_entry_dict(e) for e in entries],
+                    "entries": [_entry_dict(e, nvrtc) for e in entries],
                 },
                 indent=2,
             )
         )
         return
     now = time.time()
+    unusable = 0
     for e in entries:
-        note = f"  ({e.problem})" if e.problem else ""
-        click.echo(f"{e.key[:16]}  {_human_bytes(e.size_bytes):>10}  {_ago(now - e.last_used):>8}  {e.kernel}{note}")
+        why = e.unusable_reason(nvrtc)
+        unusable += why is not None
+        note = f"  (usable: no, {why})" if why else ""
+        click.echo(
+            f"{e.key[:16]}  {_human_bytes(e.size_bytes):>10}  {_ago(now - e.last_used):>8}  "
+            f"nvrtc {e.nvrtc_version or '?':6} {e.kernel}{note}"
+        )
     click.echo(f"{len(entries)} entries, {_human_bytes(total)} in {cache.root}")
+    if unusable:
+        click.echo(
+            f"{unusable} of them cannot be used by this process (NVRTC {nvrtc or 'unavailable'}): "
+            "the NVRTC version is part of the cache key, so `jitgemm precompile` builds them again for this one"
+        )
 
 
 @cache_group.command("show")
 @click.argument("key")
 @click.option("--json", "as_json", is_flag=True)
 def cache_show(key, as_json):
-    """Show one entry (KEY may be a unique prefix) and check its hashes."""
+    """Show one entry (KEY may be a unique prefix) and check its hashes (exit status 1 if bad)."""
     cache = KernelCache()
     try:
         e = _cache_call(cache.find, key)
@@ -842,6 +969,7 @@ def cache_show(key, as_json):
         problem = None
     except (UnsafeError, CorruptEntry, OSError) as exc:
         problem = str(exc)
+    nvrtc = _process_nvrtc()
     files = {}
     if not e.path.is_symlink() and e.path.is_dir():  # never list through a link
         with os.scandir(e.path) as items:
@@ -854,6 +982,9 @@ def cache_show(key, as_json):
                     "path": str(e.path),
                     "status": "bad" if problem else "ok",
                     "problem": problem,
+                    "nvrtc_version": e.nvrtc_version,
+                    "usable": e.unusable_reason(nvrtc) is None and problem is None,
+                    "unusable_reason": problem or e.unusable_reason(nvrtc),
                     "files": files,
                     "last_used": e.last_used,
                     "meta": e.meta,
@@ -861,8 +992,10 @@ def cache_show(key, as_json):
                 indent=2,
             )
         )
-        return
+        sys.exit(1 if problem else 0)
     click.echo(f"{'key:':16} {e.key}\n{'path:':16} {e.path}\n{'status:':16} {'BAD: ' + problem if problem else 'ok'}")
+    usable = "no (corrupt)" if problem else _usable_text(e, nvrtc)
+    click.echo(f"{'usable:':16} {usable}")
     for name, size in sorted(files.items()):
         click.echo(f"{'file:':16} {name} ({_human_bytes(size)})")
     for name, value in sorted((e.meta or {}).items()):
@@ -872,6 +1005,8 @@ def cache_show(key, as_json):
             value = json.dumps(value)
         if name != "key":
             click.echo(f"{name + ':':16} {value}")
+    if problem:
+        sys.exit(1)
 
 
 @cache_group.command("verify")
@@ -908,9 +1043,12 @@ def cache_verify(as_json):
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 @click.option("--json", "as_json", is_flag=True)
 def cache_prune(older_than, max_size, dry_run, as_json):
-    """Remove old entries and temporary leftovers; never anything outside the cache root."""
+    """Remove old entries and temporary leftovers; never anything outside the cache root.
+    Give --older-than and/or --max-size (there is no default)."""
     if older_than is None and max_size is None:
-        raise click.UsageError("give --older-than and/or --max-size")
+        raise click.UsageError(
+            "prune has no default: give --older-than DURATION (e.g. 30d) and/or --max-size SIZE (e.g. 2G)"
+        )
     cache = KernelCache()
     removed = _cache_call(cache.prune, older_than=older_than, max_size=max_size, dry_run=dry_run)
     freed = sum(e.size_bytes for e in removed)
@@ -935,17 +1073,28 @@ def cache_prune(older_than, max_size, dry_run, as_json):
 
 @cache_group.command("clear")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def cache_clear(yes):
-    """Delete every cache entry (items jitgemm did not make are left alone)."""
+@click.option("--all", "everything", is_flag=True, help="Also remove the tuning file (tuned.json, from jitgemm tune).")
+def cache_clear(yes, everything):
+    """Delete every cache entry; the tuning file is kept unless --all is given (items jitgemm
+    did not make are left alone)."""
     cache = KernelCache()
     entries = _cache_call(cache.entries)
+    tuning_file = cache.root / TUNING_NAMES[0]
+    has_tuning = tuning_file.is_file() and not tuning_file.is_symlink()
     if not yes:
+        also = f" and the tuning file {TUNING_NAMES[0]}" if everything and has_tuning else ""
         click.confirm(
-            f"Delete {len(entries)} entries ({_human_bytes(sum(e.size_bytes for e in entries))}) under {cache.root}?",
+            f"Delete {len(entries)} entries ({_human_bytes(sum(e.size_bytes for e in entries))}){also} "
+            f"under {cache.root}?",
             abort=True,
         )
-    removed, unknown = _cache_call(cache.clear)
+    removed, unknown = _cache_call(cache.clear, tuning=everything)
     click.echo(f"removed {removed} entries from {cache.root}")
+    if has_tuning:
+        if everything:
+            click.echo(f"removed the tuning file {tuning_file}")
+        else:
+            click.echo(f"kept the tuning file {tuning_file} (jitgemm tune's choices; --all removes it too)")
     if unknown:
         click.echo(f"left alone (not made by jitgemm): {', '.join(unknown)}", err=True)
 

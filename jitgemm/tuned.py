@@ -124,7 +124,37 @@ def tuned_config(problem: Problem, spec: DeviceSpec, device_name: str) -> Kernel
     entry that no longer passes the checks)."""
     if not enabled():
         return None
-    record = read_entries().get(device_key(device_name, spec), {}).get(problem_key(problem))
+    return _record_config(
+        read_entries().get(device_key(device_name, spec), {}).get(problem_key(problem)), problem, spec
+    )
+
+
+def tuned_config_for_target(problem: Problem, spec: DeviceSpec) -> KernelConfig | None:
+    """The tuned config for `problem` on any GPU of `spec`'s arch and SM count (no GPU name:
+    the CLI targeting a device it does not have): the entries of every such GPU when they agree,
+    None when there are none or they disagree (reported once)."""
+    if not enabled():
+        return None
+    suffix = device_key("", spec)  # "|arch|N SMs", after the GPU name
+    found = {}
+    for dev, records in read_entries().items():
+        if dev.endswith(suffix) and "|" not in dev[: -len(suffix)]:
+            cfg = _record_config(records.get(problem_key(problem)), problem, spec)
+            if cfg is not None:
+                found[dev] = cfg
+    configs = set(found.values())
+    if len(configs) > 1:
+        _warn_once(
+            (problem_key(problem), suffix, "disagree"),
+            f"jitgemm: the tuning file has different configs for {problem_key(problem)} on "
+            f"{', '.join(sorted(d.split('|')[0] for d in found))} ({spec.arch}, {spec.num_sms} SMs); "
+            "without a GPU name to choose between them the heuristics decide",
+        )
+        return None
+    return configs.pop() if configs else None
+
+
+def _record_config(record, problem: Problem, spec: DeviceSpec) -> KernelConfig | None:
     fields = record.get("config") if isinstance(record, dict) else None
     if not isinstance(fields, dict) or not all(_field_ok(k, v) for k, v in fields.items()):
         return None

@@ -377,6 +377,58 @@ def test_an_untrusted_root_hides_its_entries(warm_cache, seeded, no_compile):
 
 
 @pytest.fixture
+def as_other_user(monkeypatch):
+    """This process seen as another user, and the files' real owner as root (SHARED_OWNER_UID):
+    a cache "built as root" used by someone else, faked so it also runs without root."""
+    owner = os.geteuid()
+    monkeypatch.setattr(cache_mod, "SHARED_OWNER_UID", owner)
+    monkeypatch.setattr(os, "geteuid", lambda: OTHER_UID if owner != OTHER_UID else OTHER_UID + 1)
+
+
+def _read_only_tree(root):
+    os.chmod(root, 0o755)
+    for entry in root.iterdir():
+        if entry.is_dir():
+            os.chmod(entry, 0o755)
+
+
+def test_a_root_owned_cache_is_read_but_never_written_by_another_user(
+    warm_cache, seeded, as_other_user, no_compile, monkeypatch
+):
+    _read_only_tree(warm_cache)
+    before = sorted(p.name for p in warm_cache.iterdir())
+    stamp = (warm_cache / seeded.key).stat().st_mtime_ns
+    time.sleep(0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a trusted shared cache: no warning for a hit
+        built = kernels.build(SMALL)
+    assert built.cache.hit and built.cubin == seeded.cubin
+    assert (warm_cache / seeded.key).stat().st_mtime_ns == stamp  # its last-use time is not written either
+    monkeypatch.setenv("JITGEMM_OFFLINE", "1")
+    assert kernels.build(SMALL).cache.hit
+    monkeypatch.delenv("JITGEMM_OFFLINE")
+    compile_fn = fake_compiler()
+    with pytest.warns(CacheWarning, match="shared cache owned by root, read-only for you") as records:
+        first = fake_get(KernelCache(warm_cache), compile_fn)
+        second = fake_get(KernelCache(warm_cache), compile_fn)
+    assert len(cache_warnings(records)) == 1 and len(compile_fn.calls) == 2  # compiled in memory
+    assert first.path is None and not first.hit and second.path is None
+    assert sorted(p.name for p in warm_cache.iterdir()) == before  # no entry, lock or temporary dir
+    assert [e.key for e in KernelCache(warm_cache).entries()] == [seeded.key]
+    for cleanup in (KernelCache(warm_cache).clear, KernelCache(warm_cache).prune):
+        with pytest.raises(cache_mod.UnsafeError, match="owned by root"):
+            cleanup()
+    assert sorted(p.name for p in warm_cache.iterdir()) == before
+
+
+@pytest.mark.parametrize("where", ["root", "entry"])
+def test_a_root_owned_cache_writable_by_others_is_refused(warm_cache, seeded, as_other_user, where):
+    _read_only_tree(warm_cache)
+    os.chmod(warm_cache if where == "root" else warm_cache / seeded.key, 0o775)
+    assert KernelCache(warm_cache).lookup(seeded.key).status == "unsafe"
+
+
+@pytest.fixture
 def read_only_root(tmp_cache):
     """A really read-only root: mode 0500 for a user; root ignores modes, so chattr +i for root."""
     tmp_cache.mkdir(mode=0o700)
@@ -524,6 +576,29 @@ def test_offline_loads_what_is_cached_and_refuses_a_corrupt_entry(warm_cache, se
     with pytest.raises(OfflineError, match="corrupt"):
         kernels.build(SMALL)
     assert issubclass(kernels.OfflineError, RuntimeError) and kernels.OfflineError is OfflineError
+
+
+def test_offline_miss_says_which_nvrtc_built_the_same_kernel(warm_cache, seeded, monkeypatch, no_compile):
+    built_by = compiler.nvrtc_version()
+    monkeypatch.setenv("JITGEMM_OFFLINE", "1")
+    monkeypatch.setattr(compiler, "nvrtc_version", lambda: "99.9")  # e.g. torch brought another NVRTC
+    with pytest.raises(OfflineError) as info:
+        kernels.build(SMALL, problem=Problem(64, 512, 1024))
+    text = str(info.value)
+    assert "not in the cache" in text
+    assert f"kernels for this configuration exist for NVRTC {built_by}; this process has NVRTC 99.9" in text
+
+
+def test_offline_miss_says_when_the_same_config_has_another_source(warm_cache, seeded, monkeypatch, no_compile):
+    monkeypatch.setenv("JITGEMM_OFFLINE", "1")
+    src = kernels.prepare(SMALL)
+    with pytest.raises(OfflineError, match="rendered from another source"):
+        KernelCache(warm_cache).get_or_compile(
+            src.source + "// changed", "sm_90a", src.options, src.nvrtc_version, {"config": SMALL.to_dict()}, None
+        )
+    with pytest.raises(OfflineError) as info:  # an unrelated kernel: no such note
+        fake_get(KernelCache(warm_cache), fake_compiler())
+    assert "exist for NVRTC" not in str(info.value) and "another source" not in str(info.value)
 
 
 def test_offline_variable_is_validated(tmp_cache, monkeypatch):

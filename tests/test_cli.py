@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -132,6 +133,116 @@ def test_shape_files_nested_too_deeply_are_usage_errors(tmp_cache, tmp_path, no_
     deep.write_text("[" * 100_000 + "]" * 100_000)
     result = invoke("precompile", deep, "--dry-run")
     assert result.exit_code == 2 and "nested too deeply" in result.stderr
+
+
+# ---- rough edges (issue 21, item 9) ----
+
+
+def test_binary_and_empty_shape_files_are_named(tmp_cache, tmp_path, no_gpu):
+    binary = tmp_path / "shapes.txt"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    result = invoke("precompile", binary, "--dry-run", *TARGET)
+    assert result.exit_code == 2 and str(binary) in result.stderr and "not a text shape file" in result.stderr
+    assert "codec" not in result.stderr
+    for name, text in (("empty.txt", ""), ("comments.txt", "# nothing yet\n\n"), ("e.json", "[]"), ("e.csv", "")):
+        path = tmp_path / name
+        path.write_text(text)
+        result = invoke("precompile", path, "--dry-run", *TARGET)
+        assert result.exit_code == 2 and f"{path}: the shape file is empty" in result.stderr, result.stderr
+        assert "no shapes: give" not in result.stderr
+
+
+def test_precompile_notes_many_shapes_and_shows_progress_on_a_terminal(tmp_cache, no_gpu, monkeypatch):
+    monkeypatch.setattr(cli, "MANY_SHAPES", 3)
+    shown = []
+    real_tqdm = cli.tqdm
+
+    def spy(*args, **kwargs):
+        shown.append(kwargs.get("desc"))
+        return real_tqdm(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "tqdm", spy)
+    result = invoke("precompile", "--m", "1:4", "--n", 64, "--k", 64, "--dry-run", *TARGET)
+    assert result.exit_code == 0 and "4 shapes: choosing a kernel for each takes a while" in result.stderr
+    assert "jitgemm: choosing kernels" in shown  # tqdm's disable=None: a bar only on a terminal
+    result = invoke("precompile", "--m", "1:3", "--n", 64, "--k", 64, "--dry-run", *TARGET)
+    assert "takes a while" not in result.stderr
+
+
+def test_cache_show_exits_1_on_a_corrupt_entry(warm_cache, seeded):
+    cubin = warm_cache / seeded.keys[0] / CUBIN_FILE
+    cubin.write_bytes(bytes(cubin.stat().st_size))
+    result = invoke("cache", "show", seeded.keys[0])
+    assert result.exit_code == 1 and "BAD: " in result.stdout
+    result = invoke("cache", "show", seeded.keys[0], "--json")
+    assert result.exit_code == 1 and json.loads(result.stdout)["status"] == "bad"
+    assert invoke("cache", "show", seeded.keys[1]).exit_code == 0
+
+
+def test_cache_prune_without_options_names_them(warm_cache, seeded):
+    result = invoke("cache", "prune")
+    assert result.exit_code == 2 and "--older-than" in result.stderr and "--max-size" in result.stderr
+    assert "no default" in result.stderr
+    assert sorted(e.key for e in KernelCache(warm_cache).entries()) == sorted(seeded.keys)
+
+
+def test_a_forced_config_that_cannot_be_built_fails_before_compiling(tmp_cache, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled a config that cannot be built")
+
+    monkeypatch.setattr(kernels, "build", refuse)
+    too_deep = KernelConfig(block_m=128, block_n=256, num_stages=16).to_json()
+    result = invoke("precompile", "--config", too_deep)
+    assert result.exit_code == 2 and "--config" in result.stderr and "shared memory" in result.stderr
+    no_multicast = KernelConfig(block_m=128, block_n=128, cluster_size=2).to_json()
+    result = invoke("precompile", "--config", no_multicast, "--dry-run")
+    assert result.exit_code == 2 and "cluster_size 2 needs multicast" in result.stderr
+    assert "Traceback" not in result.output
+    assert cli.structural_problems(SMALL) == []
+
+
+def test_cache_clear_says_it_keeps_the_tuning_file_and_all_removes_it(warm_cache, seeded):
+    from jitgemm import tuned
+
+    tuned.write_entry("GPU|sm_90a|132 SMs", "p", {"config": SMALL.to_dict()}, warm_cache / "tuned.json")
+    result = invoke("cache", "clear", "--yes")
+    assert result.exit_code == 0 and "removed 2 entries" in result.stdout
+    assert "kept the tuning file" in result.stdout and "--all" in result.stdout
+    assert (warm_cache / "tuned.json").exists()
+    result = invoke("cache", "clear", "--all", input="y\n")
+    assert result.exit_code == 0 and "and the tuning file tuned.json" in result.stdout
+    assert "removed the tuning file" in result.stdout and not (warm_cache / "tuned.json").exists()
+    assert "tuning file" not in invoke("cache", "clear", "--yes").stdout  # none left to mention
+
+
+def _commands(group, path=()):
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):
+            yield from _commands(command, (*path, name))
+        else:
+            yield (*path, name), command
+
+
+def test_the_readme_synopsis_matches_every_commands_options():
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = readme.split("## The CLI", 1)[1].split("```", 2)[1]
+    synopsis: dict = {}
+    current = None
+    for line in block.splitlines():
+        words = line.split("#", 1)[0].split()
+        if words[:1] == ["jitgemm"]:
+            current = " ".join(words[1:3] if words[1:2] == ["cache"] else words[1:2])
+            synopsis[current] = ""
+        if current is not None:
+            synopsis[current] += " " + line.split("#", 1)[0]
+    for path, command in _commands(cli.main):
+        name = " ".join(path)
+        text = synopsis.get(name) or synopsis.get(path[0])
+        assert text is not None, f"the README's CLI synopsis lacks `jitgemm {name}`"
+        for param in command.params:
+            for opt in param.opts:
+                if opt.startswith("--") and opt != "--help":
+                    assert opt in text, f"the README's synopsis of `jitgemm {name}` lacks {opt}"
 
 
 # ---- precompile ----
@@ -323,6 +434,28 @@ def test_cache_show_accepts_a_prefix(warm_cache, seeded):
     assert invoke("cache", "show", "xyz").exit_code == 1
 
 
+def test_cache_list_and_show_mark_entries_of_another_nvrtc(warm_cache, seeded, monkeypatch):
+    built_by = compiler.nvrtc_version()
+    _, listing = invoke_json("cache", "list")
+    assert listing["nvrtc_version"] == built_by and listing["usable"] == 2
+    assert all(e["usable"] and e["nvrtc_version"] == built_by for e in listing["entries"])
+    assert "usable: no" not in invoke("cache", "list").stdout
+    monkeypatch.setattr(compiler, "nvrtc_version", lambda: "99.9")  # another NVRTC installed
+    _, listing = invoke_json("cache", "list")
+    assert listing["usable"] == 0 and listing["count"] == 2
+    for e in listing["entries"]:
+        assert e["usable"] is False and e["nvrtc_version"] == built_by
+        assert e["unusable_reason"] == f"built by NVRTC {built_by}; this process has NVRTC 99.9"
+    text = invoke("cache", "list").stdout
+    assert f"nvrtc {built_by}" in text and text.count("usable: no") == 2
+    assert "2 of them cannot be used by this process (NVRTC 99.9)" in text
+    result, shown = invoke_json("cache", "show", seeded.keys[0])
+    assert result.exit_code == 0 and shown["status"] == "ok" and shown["usable"] is False
+    assert shown["nvrtc_version"] == built_by and "99.9" in shown["unusable_reason"]
+    text = invoke("cache", "show", seeded.keys[0]).stdout
+    assert f"usable:          no (built by NVRTC {built_by}; this process has NVRTC 99.9)" in text
+
+
 def test_cache_verify_names_the_bad_entries(warm_cache, seeded):
     result, report = invoke_json("cache", "verify")
     assert result.exit_code == 0 and report["checked"] == 2 and report["bad"] == []
@@ -463,7 +596,7 @@ def test_explain_calls_the_heuristics_and_renders_its_report(monkeypatch, no_gpu
     assert text.index(SMALL.name) < text.index(SMALL5.name)
 
     result, report = invoke_json("explain", 128, 7168, 2048, "--out-dtype", "fp32", "--arch", "sm_90a")
-    assert report == STUB_REPORT
+    assert report == {**STUB_REPORT, "source": "heuristics"}
     assert calls[-1][0].out_dtype == "fp32" and calls[-1][1] == DeviceSpec("sm_90a", 132)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from jitgemm import api, cli, tuned, tuning
+from jitgemm import api, cli, plan, tuned, tuning
 from jitgemm.arrays import numpy_dtype
 from jitgemm.cache import KernelCache
 from jitgemm.heuristics import DeviceSpec, check_config, rules, select
@@ -122,6 +122,79 @@ def test_gemm_follows_config_then_env_then_tuning_then_heuristics(tmp_cache, mon
     assert api._config_for(P, 0, explicit) == explicit
     monkeypatch.setenv("JITGEMM_CONFIG", json.dumps(explicit.to_dict()))
     assert api.config_for(P) == explicit
+
+
+def test_plan_choose_names_the_source_of_each_choice(tmp_cache, monkeypatch):
+    monkeypatch.delenv("JITGEMM_CONFIG", raising=False)
+    assert plan.choose(P, H200, GPU) == (select(P, H200), "heuristics")
+    from_file = _other_config(P)
+    tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), _record(from_file))
+    assert plan.choose(P, H200, GPU) == (from_file, "tuning")
+    assert plan.choose(P, H200, lambda: GPU) == (from_file, "tuning")
+    assert plan.choose(P, H200, "another GPU") == (select(P, H200), "heuristics")
+    assert plan.choose(P, H200) == (from_file, "tuning")  # no name: any GPU of the arch and SM count
+    assert plan.choose(P, DeviceSpec("sm_90a", 114)) == (select(P, DeviceSpec("sm_90a", 114)), "heuristics")
+    env = rules.with_fields(from_file, num_stages=from_file.num_stages - 1)
+    monkeypatch.setenv("JITGEMM_CONFIG", json.dumps(env.to_dict()))
+    assert plan.choose(P, H200, GPU) == (env, "env")
+    explicit = rules.with_fields(env, num_stages=env.num_stages - 1)
+    assert plan.choose(P, H200, GPU, explicit) == (explicit, "argument")
+    with pytest.raises(ValueError, match="config"):
+        plan.choose(P, H200, GPU, rules.with_fields(explicit, dtype="fp16"))
+
+
+def test_without_a_gpu_name_disagreeing_tuning_entries_leave_it_to_the_heuristics(tmp_cache, monkeypatch):
+    monkeypatch.delenv("JITGEMM_CONFIG", raising=False)
+    one = _other_config(P)
+    other = rules.with_fields(one, num_stages=one.num_stages - 1)
+    tuned.write_entry(tuned.device_key("GPU one", H200), tuned.problem_key(P), _record(one))
+    tuned.write_entry(tuned.device_key("GPU two", H200), tuned.problem_key(P), _record(one))
+    assert plan.choose(P, H200) == (one, "tuning")  # they agree
+    tuned.write_entry(tuned.device_key("GPU two", H200), tuned.problem_key(P), _record(other))
+    with pytest.warns(tuned.TuningWarning, match="GPU one, GPU two"):
+        assert plan.choose(P, H200) == (select(P, H200), "heuristics")
+    assert plan.choose(P, H200, "GPU two") == (other, "tuning")
+
+
+def test_precompile_and_explain_follow_the_same_precedence_as_gemm(tmp_cache, monkeypatch):
+    monkeypatch.setattr(cli, "_local_gpu", lambda: None)
+    monkeypatch.delenv("JITGEMM_CONFIG", raising=False)
+    target = ["--arch", "sm_90a", "--num-sms", "132"]
+    shape = ["--m", str(P.m), "--n", str(P.n), "--k", str(P.k)]
+    runner = CliRunner(catch_exceptions=False)
+
+    def precompiled():
+        result = runner.invoke(cli.main, ["precompile", *shape, *target, "--dry-run", "--json"])
+        summary = json.loads(result.stdout)
+        return [c["config"] for c in summary["kernels"]], summary["sources"]
+
+    def explained(*extra):
+        result = runner.invoke(cli.main, ["explain", str(P.m), str(P.n), str(P.k), *target, *extra, "--json"])
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+        return report["chosen"], report["source"]
+
+    assert precompiled() == ([select(P, H200).to_dict()], {"heuristics": 1})
+    assert explained() == (select(P, H200).to_dict(), "heuristics")
+    from_file = _other_config(P)
+    tuned.write_entry(tuned.device_key(GPU, H200), tuned.problem_key(P), _record(from_file))
+    assert precompiled() == ([from_file.to_dict()], {"tuning": 1})
+    assert explained() == (from_file.to_dict(), "tuning")
+    text = runner.invoke(cli.main, ["explain", str(P.m), str(P.n), str(P.k), *target]).stdout
+    assert "source:    the tuning file" in text and f"{select(P, H200).name} (not used)" in text
+    monkeypatch.setenv(tuned.ENV_TUNED, "0")
+    assert explained() == (select(P, H200).to_dict(), "heuristics")
+    monkeypatch.delenv(tuned.ENV_TUNED)
+    env = rules.with_fields(from_file, num_stages=from_file.num_stages - 1)
+    monkeypatch.setenv("JITGEMM_CONFIG", json.dumps(env.to_dict()))
+    assert precompiled() == ([env.to_dict()], {"env": 1})
+    assert explained() == (env.to_dict(), "env")
+    explicit = rules.with_fields(env, num_stages=env.num_stages - 1)
+    assert explained("--config", explicit.to_json()) == (explicit.to_dict(), "argument")
+    bad = runner.invoke(
+        cli.main, ["explain", "1", "2", "3", *target, "--dtype", "fp16", "--config", explicit.to_json()]
+    )
+    assert bad.exit_code == 2 and "--config" in bad.stderr and "Traceback" not in bad.output
 
 
 @pytest.mark.parametrize("shape", [(128, 576, 7168), (1, 7168, 2048), (4096, 4096, 4096), (100, 129, 77)])

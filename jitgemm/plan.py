@@ -1,0 +1,58 @@
+"""Which kernel configuration a problem gets: one precedence for `gemm`, `jitgemm precompile`
+and `jitgemm explain`.
+
+    config= / --config  >  JITGEMM_CONFIG  >  the tuning file (`jitgemm tune`)  >  the heuristics
+
+The tuning file is keyed by GPU name, arch and SM count. With a GPU (gemm; the CLI when the
+target is the local GPU) its name picks the entries. Without one (the CLI targeting an arch on
+a CPU-only machine, or another arch or SM count than the local GPU's) the entries of every GPU
+with the target's arch and SM count are used when they agree on the problem's config; when
+they disagree the heuristics decide (with a TuningWarning), since no one of them is the
+target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import heuristics, tuned
+from .config import KernelConfig
+from .heuristics import DeviceSpec
+from .problem import Problem
+
+SOURCES = ("argument", "env", "tuning", "heuristics")
+SOURCE_TEXT = {
+    "argument": "the config given (config= / --config)",
+    "env": f"the {heuristics.ENV_VAR} variable",
+    "tuning": "the tuning file (jitgemm tune; JITGEMM_TUNED=0 ignores it)",
+    "heuristics": "the heuristics",
+}
+
+
+def choose(
+    problem: Problem,
+    device_spec: DeviceSpec,
+    device_name: str | Callable[[], str] | None = None,
+    config: KernelConfig | None = None,
+) -> tuple[KernelConfig, str]:
+    """(config, source) for `problem` on `device_spec`; source is one of SOURCES.
+
+    `config` is checked against the problem and device (ValueError naming `config`), as is
+    JITGEMM_CONFIG (ValueError naming it). `device_name` keys the tuning file: the GPU's name,
+    a function returning it (asked only when the file has entries), or None for "any GPU of
+    this arch and SM count".
+    """
+    if config is not None:
+        return heuristics.require_valid(config, problem, device_spec, "config"), "argument"
+    from_env = heuristics.config_from_env(problem, device_spec)
+    if from_env is not None:
+        return from_env, "env"
+    if tuned.enabled() and tuned.read_entries():
+        if device_name is None:
+            from_file = tuned.tuned_config_for_target(problem, device_spec)
+        else:
+            name = device_name() if callable(device_name) else device_name
+            from_file = tuned.tuned_config(problem, device_spec, name)
+        if from_file is not None:
+            return from_file, "tuning"
+    return heuristics.select(problem, device_spec), "heuristics"
