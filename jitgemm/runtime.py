@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from cuda.bindings import driver
 
-from . import registry
+from . import envflags, registry
 
 
 class CudaError(RuntimeError):
@@ -202,8 +201,8 @@ ENV_PDL = "JITGEMM_PDL"
 def programmatic_launch(kernel: LoadedKernel) -> bool:
     """Launch with programmatic dependent launch (PDL): the kernel may start while the previous
     kernel of the stream finishes, and waits in-kernel (griddepcontrol.wait) before it touches
-    global memory. Only for kernels that wait; JITGEMM_PDL=0 turns it off."""
-    return kernel.waits_for_previous_grid and os.environ.get(ENV_PDL, "1") != "0"
+    global memory. Only for kernels that wait; JITGEMM_PDL=0 (false, no, off) turns it off."""
+    return kernel.waits_for_previous_grid and envflags.flag(ENV_PDL, True)
 
 
 def launch_config(kernel: LoadedKernel, grid: int, stream: int):
