@@ -1026,7 +1026,7 @@ def _variables(cache: KernelCache) -> list:
         ),
         "JITGEMM_TUNED": lambda: _on_off(tuned.enabled()),
         "JITGEMM_PDL": lambda: _on_off(envflags.flag(runtime.ENV_PDL, True)),
-        "JITGEMM_REQUIRE_GPU": lambda: _on_off(envflags.flag("JITGEMM_REQUIRE_GPU", False)),
+        "JITGEMM_REQUIRE_GPU": lambda: _on_off(os.environ.get("JITGEMM_REQUIRE_GPU") == "1"),  # tests/conftest.py
         "JITGEMM_TEST_TIMEOUT": lambda: f"{float(os.environ.get('JITGEMM_TEST_TIMEOUT') or 0):g} s",
     }
     rows = []
