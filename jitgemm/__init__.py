@@ -16,6 +16,17 @@ from .api import FallbackCopyWarning, config_for, gemm
 from .arrays import DeviceArray
 from .config import KernelConfig
 from .problem import Problem
+from .runtime import CudaError, NoGPUError
 
 __version__ = "0.1.0"
-__all__ = ["gemm", "config_for", "KernelConfig", "Problem", "DeviceArray", "FallbackCopyWarning", "__version__"]
+__all__ = [
+    "gemm",
+    "config_for",
+    "KernelConfig",
+    "Problem",
+    "DeviceArray",
+    "FallbackCopyWarning",
+    "NoGPUError",
+    "CudaError",
+    "__version__",
+]

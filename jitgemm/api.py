@@ -208,8 +208,23 @@ def _config_for(problem: Problem, dev: int, config: KernelConfig | None) -> Kern
 
 def config_for(problem: Problem, device: int = 0) -> KernelConfig:
     """The config `gemm` runs for `problem` on GPU `device` when it is given none: from
-    JITGEMM_CONFIG, else the tuning file (`jitgemm tune`), else the heuristics."""
+    JITGEMM_CONFIG, else the tuning file (`jitgemm tune`), else the heuristics.
+
+    Raises TypeError / ValueError for a bad argument, :class:`jitgemm.NoGPUError` without a
+    GPU or driver."""
+    check_problem_and_device(problem, device)
     return _config_for(problem, device, None)
+
+
+def check_problem_and_device(problem, device) -> None:
+    """TypeError / ValueError, naming the argument, unless `problem` is a Problem and `device` a
+    GPU ordinal (whether that GPU exists is the driver's to say)."""
+    if not isinstance(problem, Problem):
+        raise TypeError(f"problem: expected a jitgemm.Problem, got {type(problem).__name__} {problem!r}")
+    if not isinstance(device, int) or isinstance(device, bool):
+        raise TypeError(f"device: expected an int GPU ordinal, got {type(device).__name__} {device!r}")
+    if device < 0:
+        raise ValueError(f"device: expected a GPU ordinal >= 0, got {device}")
 
 
 def _kernel(cfg: KernelConfig, problem: Problem, dev: int, stream: int):

@@ -32,7 +32,7 @@ import click
 from cuda.bindings import driver
 from tqdm import tqdm
 
-from . import __version__, compiler, heuristics, kernels, plan, registry, runtime, tuned, tuning
+from . import __version__, compiler, envflags, heuristics, kernels, plan, registry, runtime, tuned, tuning
 from .cache import TUNING_NAMES, CacheWarning, CorruptEntry, KernelCache, UnsafeError, offline_mode, read_entry
 from .config import ARCHS, KernelConfig, parse_json
 from .heuristics import DeviceSpec
@@ -1154,13 +1154,54 @@ def _environment() -> dict:
             "bytes": sum(e.size_bytes for e in entries),
         },
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("JITGEMM_")},
+        "variables": _variables(cache),
     }
+
+
+def _on_off(value: bool) -> str:
+    return "on" if value else "off"
+
+
+def _variables(cache: KernelCache) -> list:
+    """Every JITGEMM_* variable jitgemm reads, set or not, with the value in effect (or why the
+    value set is refused); then any other JITGEMM_* variable set (a misspelling reads as unknown)."""
+    effective = {
+        "JITGEMM_CACHE_DIR": lambda: str(cache.root),
+        "JITGEMM_OFFLINE": lambda: _on_off(offline_mode()),
+        "JITGEMM_CONFIG": lambda: (
+            json.loads(os.environ["JITGEMM_CONFIG"])
+            if os.environ.get("JITGEMM_CONFIG", "").strip()
+            else "unset: the tuning file, then the heuristics"
+        ),
+        "JITGEMM_TUNED": lambda: _on_off(tuned.enabled()),
+        "JITGEMM_PDL": lambda: _on_off(envflags.flag(runtime.ENV_PDL, True)),
+        "JITGEMM_REQUIRE_GPU": lambda: _on_off(os.environ.get("JITGEMM_REQUIRE_GPU") == "1"),  # tests/conftest.py
+        "JITGEMM_TEST_TIMEOUT": lambda: f"{float(os.environ.get('JITGEMM_TEST_TIMEOUT') or 0):g} s",
+    }
+    rows = []
+    for var in envflags.VARIABLES:
+        value, error = _try(effective[var.name])
+        rows.append(
+            {
+                "name": var.name,
+                "set": var.name in os.environ,
+                "value": os.environ.get(var.name),
+                "effective": value if error is None else f"invalid: {error}",
+                "default": var.default,
+                "what": var.what,
+                "tests_only": var.tests_only,
+            }
+        )
+    for name in sorted(os.environ):
+        if name.startswith("JITGEMM_") and name not in envflags.NAMES:
+            rows.append({"name": name, "set": True, "value": os.environ[name], "effective": "unknown: not read"})
+    return rows
 
 
 @main.command("env")
 @click.option("--json", "as_json", is_flag=True)
 def env(as_json):
-    """Versions, GPUs, the cache and the JITGEMM_* variables in effect."""
+    """Versions, GPUs, the cache and every JITGEMM_* variable with the value in effect."""
     info = _environment()
     if as_json:
         click.echo(json.dumps(info, indent=2))
@@ -1176,10 +1217,13 @@ def env(as_json):
         click.echo(f"GPU {g['ordinal']}          {described}")
     c = info["cache"]
     click.echo(f"cache          {c['root']} ({c['status']}): {c['entries']} entries, {_human_bytes(c['bytes'])}")
-    for k, v in info["env"].items():
-        click.echo(f"{k}={v}")
-    if not info["env"]:
-        click.echo("no JITGEMM_* variables set")
+    click.echo("variables      (* = set; the value in effect, set or not)")
+    width = max(len(v["name"]) for v in info["variables"])
+    for v in info["variables"]:
+        mark = "*" if v["set"] else " "
+        shown = v["effective"] if isinstance(v["effective"], str) else json.dumps(v["effective"])
+        raw = f"  [{v['name']}={v['value']}]" if v["set"] and str(v["value"]) != shown else ""
+        click.echo(f"  {mark} {v['name']:<{width}}  {shown}{raw}")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ class Problem:
     n: int
     k: int
     dtype: str = "bf16"  # input element type, the same for A and B
-    out_dtype: str = "bf16"  # output element type
+    # Output element type: the input dtype (the default, None) or fp32. Resolved when the Problem
+    # is made, so Problem(m, n, k, "fp16") == Problem(m, n, k, "fp16", "fp16") (and hashes alike).
+    out_dtype: str = None  # type: ignore[assignment]
     a_major: str = "K"
     b_major: str = "N"
     has_c: bool = False  # an addend C (beta * C) is read in the epilogue
@@ -53,8 +55,15 @@ class Problem:
             )
         if self.dtype not in INPUT_DTYPES:
             raise ValueError(f"Problem.dtype must be one of {INPUT_DTYPES}, got {self.dtype!r}")
+        if self.out_dtype is None:
+            object.__setattr__(self, "out_dtype", self.dtype)  # frozen: set once, before any hash
         if self.out_dtype not in OUTPUT_DTYPES:
             raise ValueError(f"Problem.out_dtype must be one of {OUTPUT_DTYPES}, got {self.out_dtype!r}")
+        if self.out_dtype not in (self.dtype, "fp32"):
+            raise ValueError(
+                f"Problem.out_dtype must be the input dtype ({self.dtype}) or fp32, got {self.out_dtype!r} "
+                f"(the kernels write their inputs' type or fp32)"
+            )
         if self.a_major not in A_MAJORS:
             raise ValueError(f"Problem.a_major must be one of {A_MAJORS}, got {self.a_major!r}")
         if self.b_major not in B_MAJORS:

@@ -3,18 +3,38 @@
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from cuda.bindings import driver
 
-from . import registry
+from . import envflags, registry
 
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed."""
+
+
+class NoGPUError(CudaError):
+    """No usable NVIDIA GPU: the CUDA driver library could not be loaded, or it found no device
+    (or is too old). Raised by the first call that needs the GPU, after its arguments are checked."""
+
+
+DRIVER_REQUIREMENT = "jitgemm needs an NVIDIA GPU and driver (R580+ for CUDA 13)"
+# cuInit results that mean "no usable GPU here" rather than a failure of jitgemm's own calls.
+_NO_GPU_RESULTS = {
+    getattr(driver.CUresult, name)
+    for name in (
+        "CUDA_ERROR_NO_DEVICE",
+        "CUDA_ERROR_STUB_LIBRARY",
+        "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+        "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+        "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER",
+        "CUDA_ERROR_DEVICE_UNAVAILABLE",
+    )
+    if hasattr(driver.CUresult, name)
+}
 
 
 def check(result, what: str):
@@ -35,7 +55,17 @@ def _text(value) -> str:
 
 @functools.lru_cache(maxsize=1)
 def init_driver() -> None:
-    check(driver.cuInit(0), "cuInit")
+    """Load and initialise the CUDA driver (once; a failure is raised again on the next call).
+    Raises NoGPUError when there is no driver library or no device."""
+    try:
+        result = driver.cuInit(0)
+    except (RuntimeError, OSError) as exc:  # cuda.pathfinder's DynamicLibNotFoundError, a failed dlopen
+        detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        raise NoGPUError(f"{DRIVER_REQUIREMENT}: the CUDA driver library could not be loaded ({detail})") from exc
+    err = result[0] if isinstance(result, tuple) else result
+    if err in _NO_GPU_RESULTS:
+        raise NoGPUError(f"{DRIVER_REQUIREMENT}: cuInit found no usable GPU: {getattr(err, 'name', err)}")
+    check(result, "cuInit")
 
 
 def device_count() -> int:
@@ -171,8 +201,8 @@ ENV_PDL = "JITGEMM_PDL"
 def programmatic_launch(kernel: LoadedKernel) -> bool:
     """Launch with programmatic dependent launch (PDL): the kernel may start while the previous
     kernel of the stream finishes, and waits in-kernel (griddepcontrol.wait) before it touches
-    global memory. Only for kernels that wait; JITGEMM_PDL=0 turns it off."""
-    return kernel.waits_for_previous_grid and os.environ.get(ENV_PDL, "1") != "0"
+    global memory. Only for kernels that wait; JITGEMM_PDL=0 (false, no, off) turns it off."""
+    return kernel.waits_for_previous_grid and envflags.flag(ENV_PDL, True)
 
 
 def launch_config(kernel: LoadedKernel, grid: int, stream: int):

@@ -19,6 +19,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from . import envflags
 from .cache import ENV_ROOT, TMP_PREFIX, TUNING_NAMES, KernelCache, check_root, read_trusted
 from .config import KernelConfig
 from .heuristics import DeviceSpec, check_config
@@ -55,7 +56,8 @@ def _path_for(root_setting: str) -> Path:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_TUNED, "1") != "0"
+    """Whether the tuning file is consulted: JITGEMM_TUNED, on by default (0/false/no/off: off)."""
+    return envflags.flag(ENV_TUNED, True)
 
 
 _read_cache: dict = {}  # path -> (file state, entries)

@@ -221,7 +221,11 @@ def tune(problem: Problem, device: int = 0, top: int = 6, record: bool = True, p
     """Time the candidates for `problem` on GPU `device` and (with `record`) keep the one
     `pick` chooses in the tuning file. Every candidate's result is checked first (the whole
     output, elementwise against a float64 reference, on a NaN-filled output): a wrong result raises
-    RuntimeError. `progress(name, us)`, if given, is called after each timing."""
+    RuntimeError. `progress(name, us)`, if given, is called after each timing. Without a GPU or
+    driver: :class:`jitgemm.NoGPUError` (after the arguments are checked)."""
+    api.check_problem_and_device(problem, device)
+    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
+        raise ValueError(f"top: expected an int >= 1 (how many candidates to time), got {top!r}")
     context.make_current(device)
     spec = api.device_spec(device)
     name = runtime.device_info(device).name

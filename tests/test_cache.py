@@ -201,6 +201,7 @@ print(json.dumps({"hit": built.cache.hit, "key": built.cache.key, "path": str(bu
 """
 
 
+@pytest.mark.slow  # 16 interpreters; test_threads_compile_a_key_once and the race tests stay fast
 def test_16_processes_publish_one_entry(tmp_cache, tmp_path):
     sync = tmp_path / "sync"
     sync.mkdir()
@@ -683,7 +684,11 @@ for op in sys.argv[1:]:
 """
 
 
-@pytest.mark.parametrize("where", [CUBIN_FILE, META_FILE, SOURCE_FILE, "lock", "tuned.json"])
+@pytest.mark.parametrize(
+    "where",
+    # each case waits out a subprocess timeout: the cubin in the fast subset, the rest in the slow one
+    [CUBIN_FILE] + [pytest.param(w, marks=pytest.mark.slow) for w in (META_FILE, SOURCE_FILE, "lock", "tuned.json")],
+)
 def test_a_fifo_in_place_of_a_cache_file_never_hangs(warm_cache, seeded, where):
     entry = warm_cache / seeded.key
     fifo = {"lock": warm_cache / ".locks" / f"{seeded.key}.lock", "tuned.json": warm_cache / "tuned.json"}.get(
@@ -837,6 +842,7 @@ except BaseException:
 """
 
 
+@pytest.mark.slow
 def test_concurrent_publish_prune_and_clear_stay_consistent(tmp_path):
     root = tmp_path / "c"
     KernelCache(root).ensure_root()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from jitgemm import cli, compiler, heuristics, kernels
+from jitgemm import cli, compiler, envflags, heuristics, kernels
 from jitgemm.cache import CUBIN_FILE, KernelCache
 from jitgemm.config import KernelConfig
 from jitgemm.heuristics import DeviceSpec
@@ -561,7 +562,46 @@ def test_env_reports_versions_cache_and_variables(warm_cache, monkeypatch):
     assert isinstance(info["gpus"], list)
     assert info["driver"] or info["driver_error"]
     text = invoke("env").stdout
-    assert "NVRTC" in text and str(warm_cache) in text and "JITGEMM_OFFLINE=0" in text
+    assert "NVRTC" in text and str(warm_cache) in text
+    assert re.search(r"^  \* JITGEMM_OFFLINE +off  \[JITGEMM_OFFLINE=0\]$", text, re.M)
+
+
+def test_env_lists_every_variable_with_its_effective_value(tmp_cache, monkeypatch):
+    for name in [name for name in os.environ if name.startswith("JITGEMM_") and name != "JITGEMM_CACHE_DIR"]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("JITGEMM_TUNED", "false")  # read as off, like 0
+    monkeypatch.setenv("JITGEMM_PDL", "maybe")  # refused: shown, not raised
+    monkeypatch.setenv("JITGEMM_CONFIG", '{"split_k": 2}')
+    monkeypatch.setenv("JITGEMM_TUNE", "0")  # a misspelling
+    result, info = invoke_json("env")
+    assert result.exit_code == 0
+    rows = {row["name"]: row for row in info["variables"]}
+    assert [row["name"] for row in info["variables"][: len(envflags.NAMES)]] == list(envflags.NAMES)
+    assert rows["JITGEMM_CACHE_DIR"]["effective"] == str(tmp_cache) and rows["JITGEMM_CACHE_DIR"]["set"]
+    assert rows["JITGEMM_OFFLINE"] == {**rows["JITGEMM_OFFLINE"], "set": False, "value": None, "effective": "off"}
+    assert rows["JITGEMM_TUNED"]["effective"] == "off"
+    assert rows["JITGEMM_PDL"]["effective"].startswith("invalid: ValueError: JITGEMM_PDL='maybe'")
+    assert rows["JITGEMM_CONFIG"]["effective"] == {"split_k": 2}
+    assert rows["JITGEMM_TUNE"]["effective"] == "unknown: not read"
+    text = invoke("env").stdout
+    for name in envflags.NAMES:
+        assert re.search(rf"^  [ *] {name} ", text, re.M), name
+    assert re.search(r"^  \* JITGEMM_TUNED +off  \[JITGEMM_TUNED=false\]$", text, re.M)
+    assert re.search(r"^    JITGEMM_OFFLINE +off$", text, re.M)
+
+
+def test_every_variable_read_is_listed_and_in_the_readme():
+    """A JITGEMM_* name in the package's source is one `jitgemm env` lists and the README's table has."""
+    root = Path(__file__).resolve().parents[1]
+    used = set()
+    for folder in ("jitgemm", "heuristics", "tests"):
+        for path in (root / folder).rglob("*.py"):
+            used |= set(re.findall(r"JITGEMM_[A-Z][A-Z0-9_]*[A-Z0-9]", path.read_text()))
+    used -= {"JITGEMM_TUNE", "JITGEMM_X"}  # the tests' unknown and made-up names
+    assert used == set(envflags.NAMES)
+    readme = (root / "README.md").read_text()
+    for var in envflags.VARIABLES:
+        assert re.search(rf"^\| `{var.name}` \|", readme, re.M), var.name
 
 
 # ---- explain ----

@@ -37,6 +37,9 @@ NKS = [
 ]
 COMBOS = [(dtype, out, layout) for dtype in ("bf16", "fp16") for out in ("same", "fp32") for layout in sorted(LAYOUTS)]
 DEVICE = DeviceSpec("sm_90a", 132)
+# The sweep compiles every distinct config (minutes on 2 cores): test_render_compile.py compiles
+# one config per template knob in the fast subset.
+pytestmark = pytest.mark.slow
 
 
 def sweep_problems() -> list:

@@ -312,6 +312,7 @@ BAD = [
     ("cai-version-true", lambda: base(b=FakeCAI((K, N), version=True)), ValueError, ["b:", "version True"]),
     ("alpha-10^400", lambda: base(alpha=10**400), ValueError, ["alpha:", "finite", "float32"]),
     ("beta-1e39", lambda: base(beta=-1e39), ValueError, ["beta:", "float32"]),
+    ("alpha-1e39", lambda: base(alpha=1e39), ValueError, ["alpha:", "float32", "1e+39"]),
     ("alpha-nan", lambda: base(alpha=float("nan")), ValueError, ["alpha:", "finite"]),
     ("beta-inf", lambda: base(beta=np.inf), ValueError, ["beta:", "finite"]),
     ("stream-true", lambda: base(stream=True), TypeError, ["stream:", "True"]),

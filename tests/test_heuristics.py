@@ -542,7 +542,11 @@ PROBLEMS = _problems()
 DEVICES = [H200, DeviceSpec("sm_90a", 114), DeviceSpec("sm_90a", 133), DeviceSpec("sm_90a", 78)]
 
 
-@pytest.mark.parametrize("device", DEVICES, ids=lambda d: f"{d.num_sms}sms")
+@pytest.mark.parametrize(
+    "device",
+    [d if d == H200 else pytest.param(d, marks=pytest.mark.slow) for d in DEVICES],
+    ids=lambda d: f"{d.num_sms}sms",
+)
 def test_every_selected_config_is_sound(device):
     for p in PROBLEMS:
         cfg = select(p, device)

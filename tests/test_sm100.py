@@ -139,6 +139,7 @@ def sweep_results():
         return dict(pool.map(job, SWEEP_CONFIGS))
 
 
+@pytest.mark.slow  # the fast subset compiles test_variant_compiles_to_the_expected_sass's variants
 @needs_cuobjdump
 @pytest.mark.parametrize("cfg", SWEEP_CONFIGS, ids=[c.name for c in SWEEP_CONFIGS])
 def test_every_selected_config_compiles_with_tcgen05_and_no_spills(cfg, sweep_results):
