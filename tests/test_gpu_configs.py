@@ -2,6 +2,7 @@
 checked against a float64 reference on fresh random data with NaN-poisoned, guarded outputs."""
 
 import dataclasses
+import itertools
 
 import pytest
 from gpu_helpers import assert_close, guard_untouched, guarded_out, random_operand
@@ -274,3 +275,23 @@ def test_split_k_inside_a_captured_graph(gen):
         graph.replay()
         torch.cuda.synchronize()
         assert_close(out, a, b, "bf16")
+
+
+def all_forced_configs() -> list[KernelConfig]:
+    """Every config the forced-config tests here and in test_gpu_splitk run (for .ci/gpu-offline,
+    which precompiles them, and .ci/gate.py, which records their keys)."""
+    from test_gpu_splitk import SPLIT_CONFIGS
+
+    layouts = LAYOUTS + [("row", "col"), ("col", "row")]
+    configs = set(SPLIT_CONFIGS)
+    for (_, knobs, _), lay, (dt, odt), c in itertools.product(
+        CASES, layouts, (("bf16", "bf16"), ("fp16", "fp32"), ("bf16", "fp32")), (False, True)
+    ):
+        if knobs.get("block_n", 0) > 256 and lay[1] == "col":
+            continue  # as the tests: wider than 256 needs a row-major B
+        cfg = forced_config(knobs, dt, odt, *lay, has_c=c)
+        if cfg.num_stages >= 3:  # fewer stages the tests never run
+            configs.add(cfg)
+    for (_, knobs, _), lay, dt in itertools.product(SWAP_CASES, layouts, ("bf16", "fp16")):
+        configs.add(forced_config({**knobs, "swap_ab": True}, dt, dt, *lay))
+    return sorted(configs, key=lambda cfg: cfg.to_json())
