@@ -28,6 +28,14 @@ class ArrayLib:
     def view(self, array, argname: str) -> View:
         raise NotImplementedError
 
+    def _numpy_like_view(self, array, argname: str, ptr: int, device: int, readonly: bool = False) -> View:
+        """The View of an array with NumPy's dtype, shape and byte strides (CuPy, NumPy)."""
+        itemsize = array.dtype.itemsize
+        dtype = kernel_dtype(array.dtype, argname)
+        strides = tuple(s // itemsize for s in array.strides)
+        view = View(array, self, ptr, array.shape, strides, dtype, itemsize, device, None, readonly)
+        return checked_view(view, argname, array.strides)
+
     def key(self, array) -> tuple:
         raise NotImplementedError
 
@@ -80,19 +88,7 @@ class CupyLib(ArrayLib):
         self.cp = cupy
 
     def view(self, array, argname):
-        itemsize = array.dtype.itemsize
-        dtype = kernel_dtype(array.dtype, argname)
-        view = View(
-            array,
-            self,
-            array.data.ptr,
-            array.shape,
-            tuple(s // itemsize for s in array.strides),
-            dtype,
-            itemsize,
-            array.data.device_id,
-        )
-        return checked_view(view, argname, array.strides)
+        return self._numpy_like_view(array, argname, array.data.ptr, array.data.device_id)
 
     def key(self, array):
         return (array.data.ptr, array.shape, array.strides, array.dtype, array.data.device_id)
@@ -197,21 +193,7 @@ class HostLib(ArrayLib):
     name = "numpy"
 
     def view(self, array, argname):
-        itemsize = array.dtype.itemsize
-        dtype = kernel_dtype(array.dtype, argname)
-        view = View(
-            array,
-            self,
-            array.ctypes.data,
-            array.shape,
-            tuple(s // itemsize for s in array.strides),
-            dtype,
-            itemsize,
-            HOST,
-            None,
-            not array.flags.writeable,
-        )
-        return checked_view(view, argname, array.strides)
+        return self._numpy_like_view(array, argname, array.ctypes.data, HOST, not array.flags.writeable)
 
     def empty(self, shape, dtype, device, stream):
         return np.empty(shape, numpy_dtype(dtype))
