@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import functools
 from importlib import resources
-
-import jinja2
+from typing import TYPE_CHECKING
 
 from . import registry
 from .config import KernelConfig
 
+if TYPE_CHECKING:
+    import jinja2
+
 
 @functools.lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
+    # Jinja is heavy to import (~35 ms) and only a kernel missing from the cache is rendered.
+    import jinja2
+
     root = resources.files("jitgemm.templates")
     return jinja2.Environment(
         loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),

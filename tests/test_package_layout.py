@@ -2,6 +2,8 @@
 by the registry, and a package list in pyproject that ships every module."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import tomllib
@@ -79,3 +81,11 @@ def test_pyproject_ships_every_package():
     templates = ROOT / "templates"
     shipped = {p for pattern in config["package-data"]["jitgemm.templates"] for p in templates.glob(pattern)}
     assert {p for p in templates.rglob("*") if p.suffix in (".j2", ".cuh")} == shipped
+
+
+def test_import_leaves_the_renderer_and_the_cli_for_later():
+    # `import jitgemm` in a serving process: Jinja (rendering a kernel the cache lacks) and click
+    # (the CLI) are imported only when needed
+    code = "import sys, jitgemm; print(sorted(m for m in ('jinja2', 'click') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
