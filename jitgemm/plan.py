@@ -20,7 +20,6 @@ from .config import KernelConfig
 from .heuristics import DeviceSpec
 from .problem import Problem
 
-SOURCES = ("argument", "env", "tuning", "heuristics")
 SOURCE_TEXT = {
     "argument": "the config given (config= / --config)",
     "env": f"the {heuristics.ENV_VAR} variable",
@@ -35,7 +34,7 @@ def choose(
     device_name: str | Callable[[], str] | None = None,
     config: KernelConfig | None = None,
 ) -> tuple[KernelConfig, str]:
-    """(config, source) for `problem` on `device_spec`; source is one of SOURCES.
+    """(config, source) for `problem` on `device_spec`; source is a key of SOURCE_TEXT.
 
     `config` is checked against the problem and device (ValueError naming `config`), as is
     JITGEMM_CONFIG (ValueError naming it). `device_name` keys the tuning file: the GPU's name,
