@@ -8,6 +8,9 @@ from (each arch's `cost_of` combines them with its own terms):
 - `Traffic` (what a whole tiling reads, as each arch's `traffic` counts it), `output_bytes`;
 - per-k-block and per-wave times: `kblock_terms`, `wave_terms`, `slowest` (the bound);
 - per tile and per launch: `epilogue_clk`, `persistent_cost`.
+
+Every piece takes scalars or NumPy arrays (one element per candidate): sm_90a costs all its
+candidates at once.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from jitgemm.config import KernelConfig
+import numpy as np
+
 from jitgemm.geometry import Waves
 from jitgemm.problem import DTYPE_BYTES, Problem
 
@@ -32,8 +36,8 @@ def dram_stream_clk(rates: ArchRates, stages: int, bytes_per_stage: float, activ
     bytes / dram_read_bytes_per_clk`: the queueing behind the other streams). More streaming CTAs
     get more of the bandwidth, deeper pipelines more per CTA.
     """
-    latency = rates.dram_latency_clk / max(1, stages - 1) if bytes_per_stage > 0 else 0.0
-    return latency + max(1, active) * bytes_per_stage / rates.dram_read_bytes_per_clk
+    latency = np.where(np.greater(bytes_per_stage, 0), rates.dram_latency_clk / np.maximum(1, stages - 1), 0.0)
+    return latency + np.maximum(1, active) * bytes_per_stage / rates.dram_read_bytes_per_clk
 
 
 def mma_rate(rates: ArchRates, num_sms: int, busy_ctas: int) -> float:
@@ -41,8 +45,8 @@ def mma_rate(rates: ArchRates, num_sms: int, busy_ctas: int) -> float:
     `num_sms` SMs busy: the clock drops under a full tensor-core load (power limit), so
     `mma_flops_per_clk` with every SM busy, more with fewer, in proportion (the same chip power),
     up to `mma_peak_flops_per_clk`."""
-    busy = min(max(1, busy_ctas), num_sms)
-    return min(float(rates.mma_peak_flops_per_clk), rates.mma_flops_per_clk * num_sms / busy)
+    busy = np.minimum(np.maximum(1, busy_ctas), num_sms)
+    return np.minimum(float(rates.mma_peak_flops_per_clk), rates.mma_flops_per_clk * num_sms / busy)
 
 
 def dram_run_efficiency(rates: ArchRates, run_bytes: float) -> float:
@@ -62,7 +66,7 @@ class Traffic:
 
 def kblock_terms(
     rates: ArchRates,
-    cfg: KernelConfig,
+    tile: tuple,
     tr: Traffic,
     slice_bytes: int,
     smem_clk: float,
@@ -72,25 +76,27 @@ def kblock_terms(
     CTA reads from L2 per k-block). The times, clock cycles: "mma" (tensor core on the tile),
     "smem" (the arch's shared-memory time, `smem_clk`), "l2_ingress" (the bytes landing in the
     CTA's shared memory over its L2 port) and "latency" (the TMA round trip over the pipeline
-    depth). `slice_bytes`: one row or column of a k-block; `tr`: the tiling's traffic;
+    depth). `tile`: (block_m, block_n, block_k, num_stages); `slice_bytes`: one row or column of
+    a k-block; `tr`: the tiling's traffic;
     `mma_flops_per_clk`: the tensor-core rate (default the rates', see `mma_rate`)."""
+    block_m, block_n, block_k, num_stages = tile
     ingress = tr.ingress * slice_bytes / tr.cta_tiles
-    mma = mma_flops_per_clk or rates.mma_flops_per_clk
+    mma = rates.mma_flops_per_clk if mma_flops_per_clk is None else mma_flops_per_clk
     terms = {
-        "mma": 2 * cfg.block_m * cfg.block_n * cfg.block_k / mma,
+        "mma": 2 * block_m * block_n * block_k / mma,
         "smem": smem_clk,
         "l2_ingress": ingress / rates.l2_sm_bytes_per_clk,
-        "latency": rates.load_latency_clk / max(1, cfg.num_stages - 1),
+        "latency": rates.load_latency_clk / np.maximum(1, num_stages - 1),
     }
     return terms, tr.l2_reads * slice_bytes / tr.cta_tiles
 
 
-def wave_terms(rates: ArchRates, fixed: dict, l2_read: float, active_ctas: int, **more: float) -> tuple[dict, str]:
-    """(the per-k-block times of one CTA while `active_ctas` CTAs run, the slowest of them): the
-    `fixed` ones of `kblock_terms`, the CTA's share of the chip-wide L2 bandwidth ("l2") and the
-    arch's `more`."""
+def wave_terms(rates: ArchRates, fixed: dict, l2_read, active_ctas, **more) -> tuple[dict, object, object]:
+    """(the per-k-block times of one CTA while `active_ctas` CTAs run, the name of the slowest
+    (the bound), its time): the `fixed` ones of `kblock_terms`, the CTA's share of the chip-wide
+    L2 bandwidth ("l2") and the arch's `more`."""
     terms = {**fixed, "l2": active_ctas * l2_read / rates.l2_total_bytes_per_clk, **more}
-    return terms, slowest(terms)
+    return (terms, *slowest(terms))
 
 
 def epilogue_clk(rates: ArchRates, out_bytes: float, has_c: bool, fixed_clk: float, c_load_clk: float) -> float:
@@ -107,14 +113,15 @@ def output_bytes(problem: Problem) -> int:
     return problem.m * problem.n * DTYPE_BYTES[problem.out_dtype] * (2 if problem.has_c else 1)
 
 
-def slowest(terms: dict) -> str:
-    """The name of the largest of the per-k-block time `terms` (the bound), ties by name."""
-    return max(terms, key=lambda k: (terms[k], k))
+def slowest(terms: dict) -> tuple:
+    """(the name of the largest of the per-k-block time `terms` (the bound), ties to the later
+    name; its time), elementwise over arrays of candidates."""
+    names = sorted(terms, reverse=True)  # argmax takes the first of equal maxima
+    values = np.stack(np.broadcast_arrays(*(terms[k] for k in names)))
+    return np.asarray(names)[values.argmax(axis=0)], values.max(axis=0)
 
 
-def persistent_cost(
-    w: Waves, cluster: int, wave_time: Callable[[int], tuple[float, str]], hbm_clk: float, tail_clk: float = 0.0
-) -> tuple[float, float, str]:
+def persistent_cost(w: Waves, cluster, wave_time: Callable, hbm_clk, tail_clk=0.0) -> tuple:
     """(cost, SM-side time, bound) of a persistent kernel, clock cycles: every wave of `w` (work
     units of `cluster` CTAs) but the last takes the time of a full one, the last its own
     (`wave_time(active_ctas) -> (clocks, bound)`), then `tail_clk`; never below `hbm_clk`, the
@@ -122,6 +129,5 @@ def persistent_cost(
     full, bound = wave_time(w.slots * cluster)
     last, _ = wave_time(w.last_wave_tiles * cluster)
     sm_time = (w.waves - 1) * full + last + tail_clk
-    if hbm_clk >= sm_time:
-        bound = "hbm"
-    return max(sm_time, hbm_clk), sm_time, bound
+    bound = np.where(hbm_clk >= sm_time, "hbm", bound)
+    return np.maximum(sm_time, hbm_clk), sm_time, bound

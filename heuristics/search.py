@@ -14,6 +14,8 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from jitgemm.config import KernelConfig
 from jitgemm.geometry import Waves
 from jitgemm.problem import Problem
@@ -134,11 +136,11 @@ def report_terms(
     bytes read from L2 (`k_bytes`: K x the input element size), its shared memory and stages."""
     return {
         "waves": w.waves,
-        "last_wave_util": round(w.last_wave_util, 4),
+        "last_wave_util": round(float(w.last_wave_util), 4),
         "tiles": tr.cta_tiles,
         "bound": bound,
-        "sm_cycles": round(sm_clk, 1),
-        "hbm_cycles": round(hbm_clk, 1),
+        "sm_cycles": round(float(sm_clk), 1),
+        "hbm_cycles": round(float(hbm_clk), 1),
         "l2_bytes": tr.l2_reads * k_bytes,
         "smem_bytes": smem_bytes,
         "num_stages": cfg.num_stages,
@@ -166,6 +168,8 @@ def device_dict(device: DeviceSpec) -> dict:
 
 
 def _jsonable(value):
+    if isinstance(value, (np.generic, np.ndarray)) and np.ndim(value) == 0:
+        value = value.item()  # the cost models' NumPy scalars
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):

@@ -160,7 +160,7 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     # the pair's M=256 MMA). UMMA reads A once per consumer row block and the CTA's part of B
     # once per consumer.
     t_smem = (bm + cfg.num_consumers * (bn // pair)) * slice_bytes / r.smem_bytes_per_clk
-    per_cta, l2_read = kblock_terms(r, cfg, tr, slice_bytes, t_smem)
+    per_cta, l2_read = kblock_terms(r, (bm, bn, bk, cfg.num_stages), tr, slice_bytes, t_smem)
 
     # Writeback: the consumers' warpgroups run in parallel, each over its 128 x block_n part.
     epilogue = epilogue_clk(r, UMMA_M * bn * out_elem, problem.has_c, EPILOGUE_FIXED_CLK, C_LOAD_LATENCY_CLK)
@@ -169,8 +169,8 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     w = waves_of(tr.cluster_tiles, device.num_sms // pair)
 
     def wave_time(active_ctas: int) -> tuple[float, str]:
-        terms, bound = wave_terms(r, per_cta, l2_read, active_ctas)
-        main = k_blocks * terms[bound]
+        _, bound, slowest_clk = wave_terms(r, per_cta, l2_read, active_ctas)
+        main = k_blocks * slowest_clk
         if overlapped:
             # The MMA runs the next tile while the writeback drains this one.
             return max(main, epilogue), bound if main >= epilogue else "epilogue"
@@ -188,8 +188,8 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     }
     # Ties go to the faster SM-side time, then less L2 traffic, then no swap, then the 2-CTA
     # MMA (DeepGEMM prefers the cluster once waves tie), then the smaller tile.
-    key = (round(sm_time, 6), tr.l2_reads, cfg.swap_ab, -pair, bm * bn, bm, bn)
-    return Candidate(cfg, round(cost, 6), key, terms)
+    key = (round(float(sm_time), 6), tr.l2_reads, cfg.swap_ab, -pair, bm * bn, bm, bn)
+    return Candidate(cfg, round(float(cost), 6), key, terms)
 
 
 # ----------------------------------------------------------------------------- search

@@ -31,6 +31,9 @@ Rates: device.ArchRates; their calibration against H200 measurements: heuristics
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+
+import numpy as np
 
 from jitgemm import geometry
 from jitgemm.archs.sm90.layout import (
@@ -39,11 +42,11 @@ from jitgemm.archs.sm90.layout import (
     KernelLayout,
     kernel_multicast,
     layout_of,
-    read_batch,
+    splits_per_read,
     structural_problems,
 )
 from jitgemm.config import KernelConfig
-from jitgemm.geometry import ceil_div, choose_raster, covered_extent, kernel_shape, waves_of
+from jitgemm.geometry import Waves, ceil_div, choose_raster, covered_extent, kernel_shape, waves_of
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 from . import rules
@@ -60,7 +63,7 @@ from .cost import (
 )
 from .device import ArchRates, DeviceSpec
 from .rules import MIN_STAGES, config_problems, with_fields
-from .search import Candidate, Rejection, describe_layout, explain_search, rank, report_terms, screen, select_best
+from .search import Candidate, Rejection, describe_layout, explanation, report_terms, screen
 
 ARCH = "sm_90a"
 RATES = ArchRates()  # measured on the H200 (heuristics/RATES.md)
@@ -120,7 +123,7 @@ SPLITK_LAUNCH_CLK = 1500
 
 def num_consumers_for(block_m: int) -> int:
     """Math warpgroups: one for block_m <= 64, two above (each owns block_m / 2 rows)."""
-    return 1 if block_m <= 64 else 2
+    return 1 + (block_m > 64)  # (an int for an int, elementwise over arrays)
 
 
 def acc_regs(block_m: int, block_n: int, num_consumers: int) -> int:
@@ -171,27 +174,31 @@ def check_config(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> lis
     )
 
 
-def _layout_rejection(
-    problem: Problem, device: DeviceSpec, block_m: int, block_n: int, cluster: int, multicast: str
-) -> str | None:
-    """The first rule (in DeepGEMM's spirit) that removes a tile layout before costing, or None.
-    (The single-wave rule on multicast depends on the split count: see `single_wave_rule`.)"""
+def _pre_rule(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, cluster: int) -> str | None:
+    """The rules (in DeepGEMM's spirit) that remove a tile layout before costing whatever the
+    shape (the multicast side's block count is `_side_rule`; the single-wave rule on multicast
+    depends on the split count: see `single_wave_rule`), or None."""
     if block_m == 256 and problem.out_dtype == "fp32":
         return "block_m 256 only with a 16-bit output (an fp32 output tile leaves too little shared memory)"
-    consumers = num_consumers_for(block_m)
-    regs = acc_regs(block_m, block_n, consumers)
+    regs = acc_regs(block_m, block_n, num_consumers_for(block_m))
     if regs > ACC_REG_LIMIT:
         return (
             f"register budget: {regs} accumulator registers per math thread > {ACC_REG_LIMIT} "
             f"(at least one of block_m, block_n must be <= 128)"
         )
-    if cluster > 1:
-        if device.num_sms % cluster:
-            return f"no multicast: the SM count {device.num_sms} is odd"
-        side = ceil_div(problem.n, block_n) if multicast == "A" else ceil_div(problem.m, block_m)
-        if side < 2:
-            return f"no multicast {multicast}: only one {'n' if multicast == 'A' else 'm'} block, nothing to share"
+    if cluster > 1 and device.num_sms % cluster:
+        return f"no multicast: the SM count {device.num_sms} is odd"
     return None
+
+
+def _nothing_to_share(problem: Problem, block_m, block_n, shares_a):
+    """A pair sharing A (else B) has one block on the other side: nothing to share (elementwise)."""
+    side = np.where(shares_a, ceil_div(problem.n, block_n), ceil_div(problem.m, block_m))
+    return side < 2
+
+
+def _side_rule(multicast: str) -> str:
+    return f"no multicast {multicast}: only one {'n' if multicast == 'A' else 'm'} block, nothing to share"
 
 
 def split_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
@@ -214,7 +221,7 @@ SHARED_WAVE_M_BLOCKS = 16
 SHARED_WAVE_MIN_N = 512
 
 
-def shared_wave(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, splits: int, cluster: int) -> bool:
+def shared_wave(problem: Problem, device: DeviceSpec, block_m, block_n, splits, cluster):
     """One wave of work units (tiles x splits) of tiles of at least 128 rows over at least
     SHARED_WAVE_M_BLOCKS m blocks, N at least SHARED_WAVE_MIN_N: the CTAs walk K together, every
     k-slab of B is read by the CTAs of its column at the same moment and each of A by those of
@@ -223,15 +230,22 @@ def shared_wave(problem: Problem, device: DeviceSpec, block_m: int, block_n: int
     against 61.2, 2048x1536x7168 60.0 against 74.4, 4096x768x4096 35.9 against 43.4,
     2048x2048x7168 82.9 against 84.9, 2048x576x7168 34.5 against 33.6. 64-row tiles are left
     out: with them 2048x576x7168 took m64n144 A pairs with a B tail, 42.9 (one math warpgroup
-    of 64 rows runs its SM's tensor cores well below the model's rate)."""
+    of 64 rows runs its SM's tensor cores well below the model's rate). Elementwise over arrays."""
     num_m = ceil_div(problem.m, block_m)
     units = num_m * ceil_div(problem.n, block_n) * splits
     return (
-        block_m >= 128
-        and num_m >= SHARED_WAVE_M_BLOCKS
-        and problem.n >= SHARED_WAVE_MIN_N
-        and units <= device.num_sms // cluster * cluster
+        (block_m >= 128)
+        & (num_m >= SHARED_WAVE_M_BLOCKS)
+        & (problem.n >= SHARED_WAVE_MIN_N)
+        & (units <= device.num_sms // cluster * cluster)
     )
+
+
+def _multicast_is_single_wave(problem: Problem, device: DeviceSpec, block_m, block_n, splits, shares_a):
+    """Where `single_wave_rule` removes a pair sharing A (else B) (elementwise over arrays)."""
+    num_m = ceil_div(problem.m, block_m)
+    exempt = np.where(shares_a, shared_wave(problem, device, block_m, block_n, splits, 2), num_m == 2)
+    return ~exempt & (num_m * ceil_div(problem.n, block_n) * splits <= device.num_sms)
 
 
 def single_wave_rule(
@@ -248,15 +262,23 @@ def single_wave_rule(
       128x4096x7168 split 2 in 21.7 against 22.9 for the best unpaired tile;
     - a pair sharing A in a shared wave (`shared_wave`): 4096x576x7168 ran 128x144 A pairs
       with a B tail in 52.4-53.3 us against 53.6-56.0 unpaired."""
-    if multicast == "B" and ceil_div(problem.m, block_m) == 2:
-        return None
-    if multicast == "A" and shared_wave(problem, device, block_m, block_n, splits, 2):
+    if not _multicast_is_single_wave(problem, device, block_m, block_n, splits, multicast == "A"):
         return None
     num_tiles = ceil_div(problem.m, block_m) * ceil_div(problem.n, block_n)
-    if num_tiles * splits <= device.num_sms:
-        what = f"{num_tiles} tiles" if splits == 1 else f"{num_tiles} tiles x {splits} splits"
-        return f"no multicast: the problem is a single wave ({what} <= {device.num_sms} SMs)"
-    return None
+    what = f"{num_tiles} tiles" if splits == 1 else f"{num_tiles} tiles x {splits} splits"
+    return f"no multicast: the problem is a single wave ({what} <= {device.num_sms} SMs)"
+
+
+def _split_allowed(problem: Problem, device: DeviceSpec, block_m, block_n, cluster, shares, block_k):
+    """Which of SPLITS `split_choices` allows: a boolean array over SPLITS (last axis), for
+    arrays of layouts as well (given as column vectors). `shares`: (shares A, shares B)."""
+    splits = np.asarray(SPLITS)
+    k_blocks = ceil_div(problem.k, block_k)
+    units = geometry.cluster_units(ceil_div(problem.m, block_m), ceil_div(problem.n, block_n), shares[1], shares[0])
+    slots = np.maximum(1, device.num_sms // cluster)
+    fits = (splits * MIN_KB_PER_SPLIT <= k_blocks) & (units * splits <= slots)
+    fits &= acc_regs(block_m, block_n, num_consumers_for(block_m)) <= SPLITK_ACC_REG_LIMIT
+    return fits | (splits == 1)
 
 
 def split_choices(
@@ -266,12 +288,9 @@ def split_choices(
     split >= MIN_KB_PER_SPLIT K blocks and the work units (cluster tiles x splits) within one
     wave of the persistent grid; only 1 for tiles of more than SPLITK_ACC_REG_LIMIT
     accumulators per math thread."""
-    k_blocks = ceil_div(problem.k, block_k)
-    if acc_regs(block_m, block_n, num_consumers_for(block_m)) > SPLITK_ACC_REG_LIMIT:
-        return [1]
-    units = cluster_tiles_of(problem, block_m, block_n, multicast)
-    slots = max(1, device.num_sms // cluster)
-    return [s for s in SPLITS if s == 1 or (s * MIN_KB_PER_SPLIT <= k_blocks and units * s <= slots)]
+    shares = (multicast == "A", multicast == "B")
+    allowed = _split_allowed(problem, device, block_m, block_n, cluster, shares, block_k)
+    return [s for s, ok in zip(SPLITS, allowed) if ok]
 
 
 def cluster_tiles_of(problem: Problem, block_m: int, block_n: int, multicast: str) -> int:
@@ -291,7 +310,11 @@ def readback_rounds(lay: KernelLayout, splits: int) -> int:
     shortens a round, not the number of rounds (atom 0 of the first warpgroup always holds a
     live row); the bytes of the skipped rows are left out by `partial_rows`.
     """
-    return ceil_div(splits - 1, read_batch(lay)) if splits > 1 else 0
+    return int(_readback_rounds(splits_per_read(lay.config.split_k, lay.acc_regs), splits))
+
+
+def _readback_rounds(batch, splits):
+    return np.where(splits > 1, ceil_div(np.maximum(splits - 1, 0), batch), 0)
 
 
 def partial_rows(m: int, block_m: int, num_consumers: int) -> int:
@@ -312,33 +335,135 @@ def partial_rows(m: int, block_m: int, num_consumers: int) -> int:
 
 
 # ----------------------------------------------------------------------------- cost model
+#
+# The model costs many candidates at once: `Tiles` holds tile layouts as columns (one element
+# per candidate), and every term below is elementwise over them.
+
+
+MULTICASTS = ("A", "B", "none")  # in the order of their names (the ranking's tie-break)
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Candidates as columns: tile layouts with what the cost model reads of their layouts."""
+
+    configs: tuple  # the configs the rows were made from (split_k 1)
+    origin: np.ndarray  # per row: its index in `configs`
+    block_m: np.ndarray
+    block_n: np.ndarray
+    block_k: np.ndarray
+    num_stages: np.ndarray
+    num_consumers: np.ndarray
+    cluster_size: np.ndarray
+    multicast: np.ndarray  # the index of cfg.multicast in MULTICASTS
+    shares_a: np.ndarray  # a pair sharing A
+    shares_b: np.ndarray
+    split_k: np.ndarray
+    a_tile_bytes: np.ndarray
+    b_tile_bytes: np.ndarray
+    b_tail: np.ndarray  # B ends in a narrow tail (a second wgmma per atom)
+    b_box: np.ndarray  # see b_box_of
+    a_major_is_k: np.ndarray
+    b_major_is_k: np.ndarray
+    a_piece: np.ndarray  # MN elements per TMA box of the tile (MN-major: a DRAM run, see dram_runs)
+    b_piece: np.ndarray
+    acc_regs: np.ndarray
+    smem_bytes: np.ndarray
+
+    @classmethod
+    def of(cls, configs) -> Tiles:
+        rows = [(cfg, layout_of(cfg)) for cfg in configs]
+
+        def column(value) -> np.ndarray:
+            return np.array([value(cfg, lay) for cfg, lay in rows])
+
+        return cls(
+            tuple(configs),
+            np.arange(len(rows)),
+            column(lambda c, _: c.block_m),
+            column(lambda c, _: c.block_n),
+            column(lambda c, _: c.block_k),
+            column(lambda c, _: c.num_stages),
+            column(lambda c, _: c.num_consumers),
+            column(lambda c, _: c.cluster_size),
+            column(lambda c, _: MULTICASTS.index(c.multicast)),
+            column(lambda c, _: c.multicast == "A"),
+            column(lambda c, _: c.multicast == "B"),
+            column(lambda c, _: c.split_k),
+            column(lambda _, lay: lay.a.tile_bytes),
+            column(lambda _, lay: lay.b.tile_bytes),
+            column(lambda _, lay: lay.b.tail is not None),
+            column(lambda c, lay: _b_box(c, lay)),
+            column(lambda _, lay: lay.a.major_is_k),
+            column(lambda _, lay: lay.b.major_is_k),
+            column(lambda _, lay: lay.a.piece_extent),
+            column(lambda _, lay: lay.b.piece_extent),
+            column(lambda _, lay: lay.acc_regs),
+            column(lambda _, lay: lay.smem_bytes),
+        )
+
+    def take(self, rows: np.ndarray, split_k: np.ndarray | None = None) -> Tiles:
+        """These rows (an index array), with split_k replaced when given."""
+        fields = {f: getattr(self, f)[rows] for f in self.__dataclass_fields__ if f != "configs"}
+        if split_k is not None:
+            fields["split_k"] = split_k
+        return Tiles(self.configs, **fields)
+
+    def __len__(self) -> int:
+        return len(self.origin)
+
+    def config(self, i: int) -> KernelConfig:
+        """The config of row i."""
+        cfg = self.configs[self.origin[i]]
+        return cfg if cfg.split_k == self.split_k[i] else with_fields(cfg, split_k=int(self.split_k[i]))
+
+
+def _b_box(cfg: KernelConfig, lay: KernelLayout) -> int:
+    b = lay.mma_b
+    return cfg.block_n if b.major_is_k or b.tail else b.num_pieces * b.piece_extent
 
 
 def traffic(problem: Problem, block_m: int, block_n: int, b_box: int, multicast: str) -> Traffic:
+    """Operand traffic of a tiling sharing `multicast`."""
+    return _traffic(problem, block_m, block_n, b_box, multicast == "A", multicast == "B")
+
+
+def _traffic(problem: Problem, block_m, block_n, b_box, share_a, share_b) -> Traffic:
+    """`traffic`, the pair side as flags (elementwise over arrays)."""
     m, n = problem.m, problem.n
     num_m, num_n = ceil_div(m, block_m), ceil_div(n, block_n)
     a_cov = m  # block_m is a multiple of 64: boxes never overhang
     b_cov = covered_extent(n, block_n, b_box)
-    last_b = min(b_box, n - (num_n - 1) * block_n)
+    last_b = np.minimum(b_box, n - (num_n - 1) * block_n)
     last_a = m - (num_m - 1) * block_m
-    if multicast == "A":
-        grid_n = ceil_div(num_n, 2)
-        b_all = num_m * (b_cov + (last_b if num_n % 2 else 0))
-        return Traffic(num_m * 2 * grid_n, num_m * grid_n, grid_n * a_cov + b_all, 2 * grid_n * a_cov + b_all)
-    if multicast == "B":
-        grid_m = ceil_div(num_m, 2)
-        a_all = num_n * (a_cov + (last_a if num_m % 2 else 0))
-        return Traffic(2 * grid_m * num_n, grid_m * num_n, a_all + grid_m * b_cov, a_all + 2 * grid_m * b_cov)
-    tiles = num_m * num_n
-    return Traffic(tiles, tiles, num_n * a_cov + num_m * b_cov, num_n * a_cov + num_m * b_cov)
+    grid_n = np.where(share_a, ceil_div(num_n, 2), num_n)
+    grid_m = np.where(share_b, ceil_div(num_m, 2), num_m)
+    a_all = np.where(share_b, num_n * (a_cov + last_a * (num_m % 2)), num_n * a_cov)  # A pairs: once per pair
+    b_all = np.where(share_a, num_m * (b_cov + last_b * (num_n % 2)), num_m * b_cov)
+    a_reads = np.where(share_a, grid_n * a_cov, a_all)
+    b_reads = np.where(share_b, grid_m * b_cov, b_all)
+    a_lands = np.where(share_a, 2 * grid_n * a_cov, a_all)
+    b_lands = np.where(share_b, 2 * grid_m * b_cov, b_all)
+    pairs = share_a | share_b
+    return Traffic(
+        np.where(pairs, 2 * grid_m * grid_n, grid_m * grid_n), grid_m * grid_n, a_reads + b_reads, a_lands + b_lands
+    )
 
 
 def b_box_of(cfg: KernelConfig) -> int:
     """Columns of the wgmma's B operand (B, or A under swap_ab) one tile loads: block_n, or
     (MN-major) whole pieces of the layout's swizzle width (64 columns for 128-byte swizzling;
     narrower swizzles for narrow tiles), unless the tile ends in a narrow tail (`b_tail`)."""
-    b = layout_of(cfg).mma_b
-    return cfg.block_n if b.major_is_k or b.tail else b.num_pieces * b.piece_extent
+    return _b_box(cfg, layout_of(cfg))
+
+
+def _runs(problem: Problem, t: Tiles) -> tuple:
+    """(A's, B's) contiguous bytes per DRAM run of each candidate (see dram_runs)."""
+    elem = DTYPE_BYTES[problem.dtype]
+    k_run = t.block_k * elem
+    a_run = np.where(t.a_major_is_k, k_run, np.minimum(t.a_piece, problem.m) * elem)
+    b_run = np.where(t.b_major_is_k, k_run, np.minimum(t.b_piece, problem.n) * elem)
+    return a_run, b_run
 
 
 def dram_runs(problem: Problem, cfg: KernelConfig) -> tuple[int, int]:
@@ -348,109 +473,166 @@ def dram_runs(problem: Problem, cfg: KernelConfig) -> tuple[int, int]:
     narrow swizzles of narrow tiles; clipped at the matrix edge). The pieces of one K row are
     adjacent but separate requests: measured, m64n48 (three 16-column pieces) streams
     128x576x7168 in 22.7 us against 16.8 for m64n32 (one 32-column piece) and 16.7 for m64n64."""
-    elem = DTYPE_BYTES[problem.dtype]
-    lay = layout_of(cfg)
-    k_run = cfg.block_k * elem
-    a_run = k_run if lay.a.major_is_k else min(lay.a.piece_extent, problem.m) * elem
-    b_run = k_run if lay.b.major_is_k else min(lay.b.piece_extent, problem.n) * elem
-    return a_run, b_run
+    a_run, b_run = _runs(problem, Tiles.of([cfg]))
+    return int(a_run[0]), int(b_run[0])
 
 
-def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidate:
-    """Model the run time of `cfg` on `problem` (clock cycles) and keep the terms for `explain`.
+def costs(problem: Problem, device: DeviceSpec, t: Tiles) -> dict:
+    """Model the run time of each candidate of `t` on `problem` (clock cycles): a dict of
+    arrays, "cost" and "sm_time" among them, and the terms `explain` reports (see `_terms`).
     The model reads tiles in user coordinates: swap_ab configs (forced only) are not modelled."""
-    if cfg.swap_ab:
-        raise ValueError(f"{cfg.name}: the sm_90a cost model does not model swap_ab configs")
     r = device.rates
-    lay = layout_of(cfg)
     elem = DTYPE_BYTES[problem.dtype]
     out_elem = DTYPE_BYTES[problem.out_dtype]
-    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    b_box = b_box_of(cfg)
-    tr = traffic(problem, bm, bn, b_box, cfg.multicast)
+    bm, bn, bk, cluster = t.block_m, t.block_n, t.block_k, t.cluster_size
+    tr = _traffic(problem, bm, bn, t.b_box, t.shares_a, t.shares_b)
     num_m = ceil_div(problem.m, bm)
     k_blocks = ceil_div(problem.k, bk)
-    splits = geometry.num_splits(cfg, problem.k)
+    splits = geometry.splits_used(t.split_k, bk, problem.k)
     kb_unit = ceil_div(k_blocks, splits)  # the longest split's K blocks
     slice_bytes = bk * elem  # one row/column of a k-block
 
-    w = waves_of(tr.cluster_tiles * splits, device.num_sms // cfg.cluster_size)
-    slots_ctas = w.slots * cfg.cluster_size
-    l2_gain = r.l2_shared_wave_gain if shared_wave(problem, device, bm, bn, splits, cfg.cluster_size) else 1.0
+    w = waves_of(tr.cluster_tiles * splits, device.num_sms // cluster)
+    slots_ctas = w.slots * cluster
+    l2_gain = np.where(shared_wave(problem, device, bm, bn, splits, cluster), r.l2_shared_wave_gain, 1.0)
 
     # Per k-block of one CTA. Shared memory, as DeepGEMM counts it: TMA writes of the stage
     # (MN-major pieces padded to the swizzle width) plus one wgmma read of each operand tile.
     # The tensor-core rate follows the CTAs the persistent grid keeps busy (the clock credit).
     # A B tail takes a second wgmma per atom, which reads the A tile again.
-    a_reads = 2 if lay.b.tail else 1
-    t_smem = (lay.a.tile_bytes + lay.b.tile_bytes + (a_reads * bm + bn) * slice_bytes) / r.smem_bytes_per_clk
+    a_reads = np.where(t.b_tail, 2, 1)
+    t_smem = (t.a_tile_bytes + t.b_tile_bytes + (a_reads * bm + bn) * slice_bytes) / r.smem_bytes_per_clk
     ingress = tr.ingress * slice_bytes / tr.cta_tiles  # bytes landing in one CTA per k-block
-    per_cta, l2_read = kblock_terms(r, cfg, tr, slice_bytes, t_smem, mma_rate(r, device.num_sms, slots_ctas))
+    tile = (bm, bn, bk, t.num_stages)
+    per_cta, l2_read = kblock_terms(r, tile, tr, slice_bytes, t_smem, mma_rate(r, device.num_sms, slots_ctas))
     # Bytes per CTA per k-block that come from DRAM: A once, B once per column block as its
     # boxes cover it (the overhang of padded pieces is fetched by both neighbours at the same
     # time: it comes from DRAM twice), spread over the tiles (the m blocks of a column share B
     # through L2), each operand weighted by the DRAM efficiency of its runs (see dram_runs).
-    eff_a, eff_b = (dram_run_efficiency(r, run) for run in dram_runs(problem, cfg))
-    b_cov = covered_extent(problem.n, bn, b_box)
+    eff_a, eff_b = (dram_run_efficiency(r, run) for run in _runs(problem, t))
+    b_cov = covered_extent(problem.n, bn, t.b_box)
     dram_read = (problem.m / eff_a + b_cov / eff_b) * slice_bytes / tr.cta_tiles
 
     epilogue = epilogue_clk(r, bm * bn * out_elem, problem.has_c, EPILOGUE_FIXED_CLK, C_LOAD_LATENCY_CLK)
 
     # Split-K: splits 1.. park their fp32 partial tiles (only live rows) in the workspace;
     # split 0 reads them back and runs the epilogue.
-    rows = partial_rows(problem.m, bm, cfg.num_consumers)  # per column of tiles, per split
+    rows_of = {b: partial_rows(problem.m, b, num_consumers_for(b)) for b in BLOCK_MS}
+    rows = np.choose(np.searchsorted(BLOCK_MS, bm), [rows_of[b] for b in BLOCK_MS])  # per column of tiles, split
     ws_tile = rows / num_m * bn * PARTIAL_BYTES  # bytes one split of a tile stores
     ws_total = (splits - 1) * rows * bn * PARTIAL_BYTES * (tr.cta_tiles // num_m)
+    split = splits > 1
+    rounds = np.where(
+        split, SPLITK_SYNC_ROUND_TRIPS + _readback_rounds(splits_per_read(t.split_k, t.acc_regs), splits), 0
+    )
 
-    rounds = 0
-    if splits > 1:
-        rounds = SPLITK_SYNC_ROUND_TRIPS + readback_rounds(lay, splits)
-
-    def fixup(active_ctas: int) -> float:
-        if splits == 1:
-            return 0.0
+    def fixup(active_ctas):
         own = (splits - 1) * ws_tile / r.l2_sm_bytes_per_clk  # split 0 reads the others back
         # on average a CTA moves 2 (S - 1) / S partials: splits 1.. store one, split 0 reads S - 1
         chip = active_ctas * 2 * (splits - 1) / splits * ws_tile / r.l2_total_bytes_per_clk
-        return rounds * L2_ROUND_TRIP_CLK + max(own, chip)
+        return np.where(split, rounds * L2_ROUND_TRIP_CLK + np.maximum(own, chip), 0.0)
 
-    def wave_time(active_ctas: int) -> tuple[float, str]:
-        terms, bound = wave_terms(
+    def wave_time(active_ctas):
+        _, bound, slowest_clk = wave_terms(
             r,
             per_cta,
             l2_read / l2_gain,
             active_ctas,
-            dram=dram_stream_clk(r, cfg.num_stages, dram_read, active_ctas),
+            dram=dram_stream_clk(r, t.num_stages, dram_read, active_ctas),
             delivery=active_ctas * ingress / (r.l2_delivery_bytes_per_clk * l2_gain),
         )
-        return kb_unit * terms[bound] + fixup(active_ctas) + epilogue, bound
+        return kb_unit * slowest_clk + fixup(active_ctas) + epilogue, bound
 
     # The DRAM floor: the operands at the read-only streaming rate, output and workspace at the
     # copy rate.
     dram = (problem.m / eff_a + b_cov / eff_b) * problem.k * elem
     hbm_time = dram / r.dram_read_bytes_per_clk + (output_bytes(problem) + ws_total) / r.hbm_bytes_per_clk
-    cost, sm_time, bound = persistent_cost(w, cfg.cluster_size, wave_time, hbm_time)
+    cost, sm_time, bound = persistent_cost(w, cluster, wave_time, hbm_time)
     # Per launch: the kernel's launch, ramp and drain; split-K's measured extra besides.
-    launch = r.launch_clk + (SPLITK_LAUNCH_CLK if splits > 1 else 0)
-    cost += launch
-    terms = {
-        "split_k": splits,
-        "units": w.tiles,
-        "kb_per_unit": kb_unit,
-        **report_terms(w, tr, bound, sm_time, hbm_time, problem.k * elem, cfg, lay.smem_bytes),
-        "dram_efficiency": round((problem.m + b_cov) / (problem.m / eff_a + b_cov / eff_b), 4),
-        "launch_cycles": launch,
-        "splitk_cycles": round(fixup(slots_ctas), 1),
-        "splitk_round_trips": rounds,
-        "model_us": round(cost / (r.clock_ghz * 1e3), 2),
-        "workspace_bytes": int(ws_total),
-        "acc_regs": lay.acc_regs,
+    launch = r.launch_clk + np.where(split, SPLITK_LAUNCH_CLK, 0)
+    return {
+        "cost": cost + launch,
+        "sm_time": sm_time,
+        "bound": bound,
+        "hbm_time": hbm_time,
+        "waves": w,
+        "traffic": tr,
+        "splits": splits,
+        "kb_unit": kb_unit,
+        "dram_efficiency": (problem.m + b_cov) / (problem.m / eff_a + b_cov / eff_b),
+        "launch": launch,
+        "fixup": fixup(slots_ctas),
+        "rounds": rounds,
+        "ws_total": ws_total,
     }
-    # Ties (every candidate at the DRAM floor, or several tensor-core bound) go to the faster
-    # SM-side time, then to less L2 traffic (robust if the L2 rates are off), then to fewer
-    # splits, no cluster, the smaller tile (less padding), block_m, block_n, the multicast side.
-    key = (round(sm_time, 6), tr.l2_reads, splits, cfg.cluster_size, bm * bn, bm, bn, cfg.multicast)
-    return Candidate(cfg, round(cost, 6), key, terms)
+
+
+def _terms(problem: Problem, device: DeviceSpec, t: Tiles, c: dict, i: int) -> dict:
+    """The cost terms `explain` reports for candidate `i` of `costs`' answer `c`."""
+    w, tr = c["waves"], c["traffic"]
+    elem = DTYPE_BYTES[problem.dtype]
+    wave = Waves(int(w.tiles[i]), int(w.slots[i]), int(w.waves[i]), int(w.last_wave_tiles[i]))
+    row_traffic = Traffic(*(int(getattr(tr, f)[i]) for f in Traffic.__dataclass_fields__))
+    cost = float(c["cost"][i])
+    return {
+        "split_k": int(c["splits"][i]),
+        "units": wave.tiles,
+        "kb_per_unit": int(c["kb_unit"][i]),
+        **report_terms(
+            wave,
+            row_traffic,
+            str(c["bound"][i]),
+            float(c["sm_time"][i]),
+            float(c["hbm_time"][i]),
+            problem.k * elem,
+            t.config(i),
+            int(t.smem_bytes[i]),
+        ),
+        "dram_efficiency": round(float(c["dram_efficiency"][i]), 4),
+        "launch_cycles": int(c["launch"][i]),
+        "splitk_cycles": round(float(c["fixup"][i]), 1),
+        "splitk_round_trips": int(c["rounds"][i]),
+        "model_us": round(cost / (device.rates.clock_ghz * 1e3), 2),
+        "workspace_bytes": int(c["ws_total"][i]),
+        "acc_regs": int(t.acc_regs[i]),
+    }
+
+
+def _order(t: Tiles, c: dict, top: int) -> list[int]:
+    """The first `top` candidates, best first. The modelled cost decides; ties (every candidate
+    at the DRAM floor, or several tensor-core bound) go to the faster SM-side time, then to less
+    L2 traffic (robust if the L2 rates are off), then to fewer splits, no cluster, the smaller
+    tile (less padding), block_m, block_n, the multicast side, and last the config name."""
+    keys = (
+        np.round(c["cost"], 6),
+        np.round(c["sm_time"], 6),
+        c["traffic"].l2_reads,
+        c["splits"],
+        t.cluster_size,
+        t.block_m * t.block_n,
+        t.block_m,
+        t.block_n,
+        t.multicast,
+    )
+    order = np.lexsort(keys[::-1])
+    # Rows tied on every numeric key with the last one shown are sorted by name with it.
+    shown = list(order[:top])
+    tied = tuple(k[shown[-1]] for k in keys)
+    for i in order[top:]:
+        if tuple(k[i] for k in keys) != tied:
+            break
+        shown.append(i)
+    shown.sort(key=lambda i: (tuple(k[i] for k in keys), t.config(i).name))
+    return [int(i) for i in shown[:top]]
+
+
+def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidate:
+    """`cfg` costed on `problem` with the terms `explain` reports (see `costs`)."""
+    if cfg.swap_ab:
+        raise ValueError(f"{cfg.name}: the sm_90a cost model does not model swap_ab configs")
+    t = Tiles.of([cfg])
+    c = costs(problem, device, t)
+    return Candidate(cfg, round(float(c["cost"][0]), 6), (), _terms(problem, device, t, c, 0))
 
 
 # ----------------------------------------------------------------------------- search
@@ -495,48 +677,8 @@ def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> Kern
 def with_split(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
     """`cfg` with the split_k the cost model prefers for its tile (1 when splitting never pays)."""
     choices = split_choices(problem, device, cfg.block_m, cfg.block_n, cfg.cluster_size, cfg.multicast, cfg.block_k)
-    costed = [cost_of(problem, device, with_fields(cfg, split_k=s)) for s in choices]
-    return rank(costed)[0].config
-
-
-def _layouts(problem: Problem, device: DeviceSpec):
-    """(description, first rule against it or None, tile fields) of every sm_90a tile layout."""
-    for cluster, multicast in CLUSTERS:
-        for block_m in BLOCK_MS:
-            for block_n in BLOCK_NS:
-                yield (
-                    describe_layout(block_m, block_n, cluster, multicast),
-                    _layout_rejection(problem, device, block_m, block_n, cluster, multicast),
-                    dict(
-                        block_m=block_m,
-                        block_n=block_n,
-                        num_consumers=num_consumers_for(block_m),
-                        cluster_size=cluster,
-                        multicast=multicast,
-                    ),
-                )
-
-
-def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], list[Rejection]]:
-    """All legal candidates (costed, unranked, raster not yet chosen) and the rejected layouts:
-    each layout that passes the rules is costed with each of its split choices."""
-    legal, rejected = [], []
-    for cfg in screen(problem, device, _layouts(problem, device), structural_problems, rejected, stage_smem):
-        bm, bn = cfg.block_m, cfg.block_n
-        splits = split_choices(problem, device, bm, bn, cfg.cluster_size, cfg.multicast, cfg.block_k)
-        if cfg.cluster_size > 1:
-            # Multicast only when the work units (tiles x splits) exceed one wave.
-            rule = single_wave_rule(problem, device, bm, bn, splits[-1], cfg.multicast)
-            if rule is not None:
-                rejected.append(Rejection(describe_layout(bm, bn, cfg.cluster_size, cfg.multicast), rule))
-                continue
-            splits = [s for s in splits if single_wave_rule(problem, device, bm, bn, s, cfg.multicast) is None]
-        legal.extend(cost_of(problem, device, with_fields(cfg, split_k=s)) for s in splits)
-        if 1 in splits and shared_wave(problem, device, bm, bn, 1, cfg.cluster_size):
-            tail = with_tail(cfg, device)
-            if tail is not None:
-                legal.append(cost_of(problem, device, tail))
-    return legal, rejected
+    t = Tiles.of([cfg]).take(np.zeros(len(choices), dtype=int), np.asarray(choices))
+    return t.config(_order(t, costs(problem, device, t), 1)[0])
 
 
 def with_tail(cfg: KernelConfig, device: DeviceSpec) -> KernelConfig | None:
@@ -548,6 +690,124 @@ def with_tail(cfg: KernelConfig, device: DeviceSpec) -> KernelConfig | None:
     at M = 128 the tailed m64n96 split 3 ran 18.1 and m64n80 split 2 20.7 against 14.5."""
     tail = with_fields(cfg, b_tail=True, split_k=1)
     return None if structural_problems(tail) else with_stages(tail, device)[0]
+
+
+@dataclass(frozen=True)
+class _Layouts:
+    """Every tile layout of one kind of problem (device, dtypes, majors, C), in the rules'
+    order, with what the rules that do not look at the shape said of each: the rules before
+    the multicast side's (`pre`) and the structural and pipeline-depth rules (`post`)."""
+
+    descriptions: tuple
+    fields: tuple  # the tile fields of each layout
+    pre: tuple  # a rule's words, or None
+    post: tuple
+    row: np.ndarray  # of each layout that no such rule removes: its row of `tiles`, else -1
+    tiles: Tiles  # those layouts, staged (split_k 1), then their B-tail variants
+    tail_row: np.ndarray  # per row of the layouts in `tiles`: the row of its tail variant, or -1
+    staged: Tiles  # the rows of `tiles` before the tail variants
+
+
+def _layouts(device: DeviceSpec, kind: Problem) -> _Layouts:
+    """The layouts of problems like `kind` (its dtypes, majors and C; its shape is not read)."""
+    descriptions, fields, pre, post, staged = [], [], [], [], []
+    for cluster, multicast in CLUSTERS:
+        for block_m in BLOCK_MS:
+            for block_n in BLOCK_NS:
+                tile = dict(
+                    block_m=block_m,
+                    block_n=block_n,
+                    num_consumers=num_consumers_for(block_m),
+                    cluster_size=cluster,
+                    multicast=multicast,
+                )
+                descriptions.append(describe_layout(block_m, block_n, cluster, multicast))
+                fields.append(tile)
+                rule = _pre_rule(kind, device, block_m, block_n, cluster)
+                pre.append(rule)
+                later = None
+                if rule is None:
+                    rejected: list = []
+                    staged.extend(screen(kind, device, [("", None, tile)], structural_problems, rejected, stage_smem))
+                    later = rejected[0].rule if rejected else None
+                post.append(later)
+    row = np.full(len(fields), -1)
+    row[[i for i, (p, q) in enumerate(zip(pre, post)) if p is None and q is None]] = np.arange(len(staged))
+    tails = [with_tail(cfg, device) for cfg in staged]
+    tail_row = np.full(len(staged), -1)
+    with_one = [i for i, tail in enumerate(tails) if tail is not None]
+    tail_row[with_one] = len(staged) + np.arange(len(with_one))
+    tiles = Tiles.of(staged + [tails[i] for i in with_one])
+    layouts = tiles.take(np.arange(len(staged)))
+    return _Layouts(tuple(descriptions), tuple(fields), tuple(pre), tuple(post), row, tiles, tail_row, layouts)
+
+
+def _layouts_of(problem: Problem, device: DeviceSpec) -> _Layouts:
+    return _layouts_by_kind(device, problem.dtype, problem.out_dtype, problem.a_major, problem.b_major, problem.has_c)
+
+
+@functools.lru_cache(maxsize=64)
+def _layouts_by_kind(device: DeviceSpec, *kind) -> _Layouts:
+    return _layouts(device, Problem(1, 1, 1, *kind))
+
+
+SPLIT_VALUES = np.asarray(SPLITS)
+
+
+@dataclass(frozen=True)
+class _Search:
+    """The legal candidates of a problem, costed (`costs`), and the layouts' fate."""
+
+    layouts: _Layouts
+    candidates: Tiles
+    costs: dict
+    nothing_to_share: np.ndarray  # per layout row: a pair with one block on the side it shares
+    single_wave: np.ndarray  # per layout row: removed by the single-wave rule at its largest split
+    largest_split: np.ndarray
+
+
+def _search(problem: Problem, device: DeviceSpec) -> _Search:
+    """Every legal (tile layout, split) and B-tail candidate of `problem`, costed."""
+    if device.arch != ARCH:
+        raise ValueError(f"the {ARCH} heuristics do not select for {device.arch!r}")
+    lay = _layouts_of(problem, device)
+    t = lay.staged
+    bm, bn, cluster, shares_a = t.block_m[:, None], t.block_n[:, None], t.cluster_size[:, None], t.shares_a[:, None]
+    paired = cluster > 1
+    blocked = paired & _nothing_to_share(problem, bm, bn, shares_a)
+    shares = (shares_a, t.shares_b[:, None])
+    allowed = _split_allowed(problem, device, bm, bn, cluster, shares, t.block_k[:, None])
+    largest = SPLIT_VALUES[len(SPLITS) - 1 - np.argmax(allowed[:, ::-1], axis=1)][:, None]
+    # A pair is removed when its largest split is a single wave; its other splits are costed
+    # only where the rule lets them (multicast only when the work units exceed one wave).
+    single = paired & _multicast_is_single_wave(problem, device, bm, bn, largest, shares_a)
+    allowed &= ~blocked & ~single
+    allowed &= ~(paired & _multicast_is_single_wave(problem, device, bm, bn, SPLIT_VALUES, shares_a))
+    rows, split = np.nonzero(allowed)
+    tailed = allowed[:, 0] & (lay.tail_row >= 0) & shared_wave(problem, device, bm, bn, 1, cluster)[:, 0]
+    picked = np.concatenate([rows, lay.tail_row[tailed]])
+    candidates = lay.tiles.take(picked, np.concatenate([SPLIT_VALUES[split], np.ones(int(tailed.sum()), dtype=int)]))
+    if not len(picked):
+        raise ValueError(f"no legal {ARCH} configuration for {problem.describe()}")
+    return _Search(lay, candidates, costs(problem, device, candidates), blocked[:, 0], single[:, 0], largest[:, 0])
+
+
+def _rejections(problem: Problem, device: DeviceSpec, s: _Search) -> list[Rejection]:
+    """The layouts the rules removed, in the rules' order, each with the first rule that did."""
+    out = []
+    lay = s.layouts
+    for i, (desc, tile) in enumerate(zip(lay.descriptions, lay.fields)):
+        rule = lay.pre[i]
+        if rule is None and tile["cluster_size"] > 1:
+            if _nothing_to_share(problem, tile["block_m"], tile["block_n"], tile["multicast"] == "A"):
+                rule = _side_rule(tile["multicast"])
+        rule = rule or lay.post[i]
+        if rule is None and s.single_wave[lay.row[i]]:
+            split = int(s.largest_split[lay.row[i]])
+            rule = single_wave_rule(problem, device, tile["block_m"], tile["block_n"], split, tile["multicast"])
+        if rule is not None:
+            out.append(Rejection(desc, rule))
+    return out
 
 
 COST_MODEL = (
@@ -578,15 +838,32 @@ def finish(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelCon
 @functools.lru_cache(maxsize=4096)
 def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
     """The configuration the cost model ranks first (deterministic; cached per problem)."""
-    return select_best(ARCH, candidates, finish, problem, device)
+    s = _search(problem, device)
+    return finish(s.candidates.config(_order(s.candidates, s.costs, 1)[0]), problem, device)
 
 
 def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
     """Why `select` chose what it chose: the best `top` candidates with their modelled cost and
     terms (split_k, units, kb_per_unit, splitk_cycles, workspace_bytes among them) and the
     layouts the rules removed (see search.explanation for the keys)."""
-    return explain_search(
-        ARCH, candidates, finish, problem, device, top, cost_model=COST_MODEL, clock_ghz=device.rates.clock_ghz
+    s = _search(problem, device)
+    t, c = s.candidates, s.costs
+    shown = [
+        Candidate(
+            finish(t.config(i), problem, device), round(float(c["cost"][i]), 6), (), _terms(problem, device, t, c, i)
+        )
+        for i in _order(t, c, max(1, top))
+    ]
+    return explanation(
+        problem,
+        device,
+        shown[0].config,
+        shown,
+        _rejections(problem, device, s),
+        top,
+        legal_candidates=len(t),
+        cost_model=COST_MODEL,
+        clock_ghz=device.rates.clock_ghz,
     )
 
 

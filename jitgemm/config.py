@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 from .problem import A_MAJORS, B_MAJORS, DTYPE_BYTES, INPUT_DTYPES, OUTPUT_DTYPES
 from .registry import ARCH_NAMES as ARCHS
@@ -58,9 +58,9 @@ class KernelConfig:
         # Exact types first (1.0 or True is no block size, a list no flag): the checks below
         # compare and multiply the fields.
         out = [
-            f"{f.name} must be {f.type}, got {type(value).__name__} {value!r}"
-            for f in fields(self)
-            if not _exact(value := getattr(self, f.name), type(f.default))
+            f"{name} must be {want.__name__}, got {type(value).__name__} {value!r}"
+            for name, want in _FIELD_TYPES.items()
+            if not _exact(value := getattr(self, name), want)
         ]
         if out:
             return out
@@ -104,7 +104,7 @@ class KernelConfig:
 
     # --- serialisation: used by the cache meta file, the CLI and the override variable ---
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -130,3 +130,7 @@ class KernelConfig:
             f"{f'_sk{self.split_k}' if self.split_k > 1 else ''}{f'_ar{self.a_rows}' if self.a_rows else ''}"
             f"{'_bt' if self.b_tail else ''}"
         )
+
+
+_FIELD_TYPES = {f.name: type(f.default) for f in fields(KernelConfig)}
+_FIELD_NAMES = tuple(_FIELD_TYPES)

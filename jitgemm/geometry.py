@@ -11,7 +11,11 @@ walking work units.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from .config import KernelConfig
 
@@ -28,16 +32,22 @@ def kernel_shape(cfg: KernelConfig, m: int, n: int) -> tuple[int, int]:
 def cluster_tiles(tiles_m: int, tiles_n: int, pair_along: str | None) -> int:
     """Work items of one K split: tiles, or pairs of neighbouring tiles along kernel 'm' or 'n'
     (an odd last one a pair by itself)."""
-    if pair_along == "m":
-        tiles_m = ceil_div(tiles_m, 2)
-    elif pair_along == "n":
-        tiles_n = ceil_div(tiles_n, 2)
-    return tiles_m * tiles_n
+    return cluster_units(tiles_m, tiles_n, pair_along == "m", pair_along == "n")
+
+
+def cluster_units(tiles_m, tiles_n, paired_m, paired_n):
+    """`cluster_tiles` with the pair side as flags (elementwise over NumPy arrays too)."""
+    return ceil_div(tiles_m, 1 + paired_m) * ceil_div(tiles_n, 1 + paired_n)
 
 
 def num_splits(cfg: KernelConfig, k: int) -> int:
     """K splits actually used: at most one per K block, so no split is empty."""
-    return max(1, min(cfg.split_k, ceil_div(k, cfg.block_k)))
+    return int(splits_used(cfg.split_k, cfg.block_k, k))
+
+
+def splits_used(split_k, block_k, k):
+    """`num_splits` from the fields, elementwise over NumPy arrays too."""
+    return np.maximum(1, np.minimum(split_k, ceil_div(k, block_k)))
 
 
 def persistent_grid(units: int, cluster_size: int, num_sms: int) -> int:
@@ -49,31 +59,32 @@ def round_up(a: int, b: int) -> int:
     return ceil_div(a, b) * b
 
 
-def covered_extent(size: int, block: int, box: int) -> int:
+def covered_extent(size, block, box):
     """Elements of one dimension read by all blocks together, when block i (origin i*block)
     loads `box` >= `block` elements clipped at `size` (TMA does not fetch out-of-bounds
     elements). With box == block this is `size`; a wider box (MN-major pieces wider than the
     block, e.g. 3 x 64 for a block of 176) re-reads part of the neighbouring block.
+    Elementwise over NumPy arrays too.
     """
     nblocks = ceil_div(size, block)
-    if box <= block:
-        return size
-    # Blocks whose whole box is inside: j * block + box <= size.
-    full = 0 if size < box else min(nblocks, (size - box) // block + 1)
-    total = full * box
-    for j in range(full, nblocks):
-        total += min(box, size - j * block)
-    return total
+    # Blocks whose whole box is inside (j * block + box <= size) read `box`; block j of the
+    # others reads size - j * block.
+    full = np.where(size < box, 0, np.minimum(nblocks, (np.maximum(size - box, 0)) // block + 1))
+    rest = nblocks - full
+    clipped = rest * size - block * ((full + nblocks - 1) * rest // 2)
+    total = np.where(box <= block, size, full * box + clipped)
+    return int(total) if np.ndim(total) == 0 else total
 
 
 @dataclass(frozen=True)
 class Waves:
-    """Wave quantisation of `tiles` equal work items over `slots` concurrent workers."""
+    """Wave quantisation of `tiles` equal work items over `slots` concurrent workers (ints, or
+    arrays with one element per candidate)."""
 
-    tiles: int
-    slots: int
-    waves: int  # ceil(tiles / slots)
-    last_wave_tiles: int  # tiles in the last wave (== slots when it is full)
+    tiles: Any
+    slots: Any
+    waves: Any  # ceil(tiles / slots)
+    last_wave_tiles: Any  # tiles in the last wave (== slots when it is full)
 
     @property
     def last_wave_util(self) -> float:
@@ -86,16 +97,15 @@ class Waves:
         return self.tiles / (self.waves * self.slots)
 
 
-def waves_of(tiles: int, slots: int) -> Waves:
-    """Waves of a persistent kernel with `slots` workers (CTAs or clusters) over `tiles` items."""
-    slots = max(1, min(slots, tiles)) if tiles else max(1, slots)
-    waves = ceil_div(tiles, slots) if tiles else 0
-    last = tiles - (waves - 1) * slots if waves else 0
-    return Waves(tiles, slots, waves, last)
-
-
-# Raster groups `choose_raster` tries: this many cluster-rows or cluster-columns.
-GROUP_SIZES = (8, 16)
+def waves_of(tiles, slots) -> Waves:
+    """Waves of a persistent kernel with `slots` workers (CTAs or clusters) over `tiles` items
+    (elementwise over NumPy arrays too)."""
+    busy = np.where(np.greater(tiles, 0), np.maximum(1, np.minimum(slots, tiles)), np.maximum(1, slots))
+    waves = ceil_div(tiles, busy)
+    last = np.where(waves > 0, tiles - (waves - 1) * busy, 0)
+    if np.ndim(busy) == 0:
+        return Waves(int(tiles), int(busy), int(waves), int(last))
+    return Waves(tiles, busy, waves, last)
 
 
 def tile_order(num_m: int, num_n: int, raster: str, group: int, pair: str = "none"):
@@ -131,6 +141,77 @@ def tile_order(num_m: int, num_n: int, raster: str, group: int, pair: str = "non
             yield ((cm, cn),)
 
 
+def _blocks(lo, hi, paired, num_blocks):
+    """Blocks of the cluster units lo..hi (empty when hi < lo): two per unit when `paired` (the
+    last one clipped to the last block, as `tile_order` reports a peer past the edge)."""
+    pairs = np.minimum(2 * hi + 1, num_blocks - 1) - 2 * lo + 1
+    return np.where(hi >= lo, np.where(paired, pairs, hi - lo + 1), 0)
+
+
+def raster_footprints(
+    num_m: int,
+    num_n: int,
+    rows_per_m: int,
+    cols_per_n: int,
+    slots: int,
+    walks: list,
+    pair: str = "none",
+    max_waves: int = 16,
+) -> np.ndarray:
+    """Mean L2 working set of one k-block, in operand rows+columns, over the waves of each walk
+    of `walks` ((raster, group) pairs).
+
+    A wave is `slots` consecutive cluster tiles of `tile_order` (the ones the persistent CTAs
+    hold at once). Its working set is (distinct m blocks) * rows_per_m + (distinct n blocks) *
+    cols_per_n; multiply by the bytes of one K slice to get bytes. Only the first `max_waves`
+    waves are counted. Counted in closed form, all waves at once: a wave's cluster units along
+    the grouped side are one interval, or two when it wraps inside one group; along the walked
+    side they are the columns (raster "m") of its first and last group, or all of them.
+    """
+    slots = max(1, slots)
+    grid_m = ceil_div(num_m, 2) if pair == "B" else num_m
+    grid_n = ceil_div(num_n, 2) if pair == "A" else num_n
+    total = grid_m * grid_n
+    # One row per walk: "grouped" is the side the raster groups (m for raster "m"), "walked" the other.
+    by_m = np.array([[raster == "m"] for raster, _ in walks])
+    group = np.array([[g] for _, g in walks])
+    grouped, walked = np.where(by_m, grid_m, grid_n), np.where(by_m, grid_n, grid_m)
+    g_blocks, w_blocks = np.where(by_m, num_m, num_n), np.where(by_m, num_n, num_m)
+    g_paired = np.where(by_m, pair == "B", pair == "A")
+    w_paired = np.where(by_m, pair == "A", pair == "B")
+    start = np.arange(min(ceil_div(total, slots), max_waves)) * slots
+    last = np.minimum(start + slots, total) - 1  # the wave's last tile
+    per_group = group * walked
+    g0, g1 = start // per_group, last // per_group
+    r0 = np.minimum(group, grouped - g0 * group)  # rows (grouped units) of each end's group
+    r1 = np.minimum(group, grouped - g1 * group)
+    p0, p1 = start - g0 * per_group, last - g1 * per_group  # positions in those groups
+    one = g0 == g1
+    # Grouped side: units g0 * group + (p0 % r0) .. g1 * group + (p1 % r1), whole groups where a
+    # wave covers a group's every row; inside one group a short wave may wrap (two intervals).
+    span = p1 - p0 + 1
+    whole0 = np.where(one, span >= r0, r0 * walked - p0 >= r0)
+    whole1 = np.where(one, span >= r1, p1 + 1 >= r1)
+    lo = g0 * group + np.where(whole0, 0, p0 % r0)
+    hi = g1 * group + np.where(whole1, r1 - 1, p1 % r1)
+    wraps = one & ~whole0 & (p0 % r0 > p1 % r1)
+    hi_a = np.where(wraps, g0 * group + r0 - 1, hi)  # a wrapped wave: its group's end, then its start
+    lo_b, hi_b = g0 * group, np.where(wraps, hi, -1)
+    # Walked side: p // rows of the first and last positions; past one group, from the first's
+    # to the end and from 0 to the last's (everything when a whole group lies between).
+    c0, c1 = p0 // r0, p1 // r1
+    every = ~one & ((g1 - g0 >= 2) | (c1 >= c0 - 1))
+    split = ~one & ~every
+    wlo_a, whi_a = np.where(every, 0, c0), np.where(one, c1, walked - 1)
+    whi_b = np.where(split, c1, -1)  # from 0
+    grouped_blocks = _blocks(lo, hi_a, g_paired, g_blocks) + _blocks(lo_b, hi_b, g_paired, g_blocks)
+    walked_blocks = _blocks(wlo_a, whi_a, w_paired, w_blocks) + _blocks(0, whi_b, w_paired, w_blocks)
+    m_blocks = np.where(by_m, grouped_blocks, walked_blocks)
+    n_blocks = np.where(by_m, walked_blocks, grouped_blocks)
+    sizes = m_blocks * rows_per_m + n_blocks * cols_per_n
+    return sizes.sum(axis=1) / max(1, sizes.shape[1])
+
+
 def raster_footprint(
     num_m: int,
     num_n: int,
@@ -142,30 +223,16 @@ def raster_footprint(
     pair: str = "none",
     max_waves: int = 16,
 ) -> float:
-    """Mean L2 working set of one k-block, in operand rows+columns, over the waves of a walk.
-
-    A wave is `slots` consecutive cluster tiles (the ones the persistent CTAs hold at once). Its
-    working set is (distinct m blocks) * rows_per_m + (distinct n blocks) * cols_per_n; multiply by
-    the bytes of one K slice to get bytes. Only the first `max_waves` waves are walked.
-    """
-    slots = max(1, slots)
-    sizes = []
-    ms: set = set()
-    ns: set = set()
-    for t, item in enumerate(tile_order(num_m, num_n, raster, group, pair)):
-        for m, n in item:
-            ms.add(m)
-            ns.add(n)
-        if (t + 1) % slots == 0:
-            sizes.append(len(ms) * rows_per_m + len(ns) * cols_per_n)
-            ms, ns = set(), set()
-            if len(sizes) >= max_waves:
-                break
-    if ms and len(sizes) < max_waves:
-        sizes.append(len(ms) * rows_per_m + len(ns) * cols_per_n)
-    return sum(sizes) / len(sizes) if sizes else 0.0
+    """The footprint (see `raster_footprints`) of one walk."""
+    walks = [(raster, group)]
+    return float(raster_footprints(num_m, num_n, rows_per_m, cols_per_n, slots, walks, pair, max_waves)[0])
 
 
+# Raster groups `choose_raster` tries: this many cluster-rows or cluster-columns.
+GROUP_SIZES = (8, 16)
+
+
+@functools.lru_cache(maxsize=4096)
 def choose_raster(
     num_m: int, num_n: int, rows_per_m: int, cols_per_n: int, slots: int, pair: str = "none"
 ) -> tuple[str, int, float]:
@@ -175,9 +242,7 @@ def choose_raster(
     side (N for pair "A", else M, as DeepGEMM groups), then to the smaller group.
     """
     preferred = ("n", "m") if pair == "A" else ("m", "n")
-    options = [
-        (raster, group, raster_footprint(num_m, num_n, rows_per_m, cols_per_n, slots, raster, group, pair))
-        for raster in preferred
-        for group in GROUP_SIZES
-    ]
-    return min(options, key=lambda option: option[2])  # the first of equal footprints
+    walks = [(raster, group) for raster in preferred for group in GROUP_SIZES]
+    footprints = raster_footprints(num_m, num_n, rows_per_m, cols_per_n, slots, walks, pair)
+    best = int(np.argmin(footprints))  # the first of equal footprints
+    return walks[best][0], walks[best][1], float(footprints[best])

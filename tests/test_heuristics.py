@@ -4,6 +4,7 @@ config, explain, the expert override (check_config, JITGEMM_CONFIG) and the shar
 import ast
 import json
 import os
+import random
 import subprocess
 import sys
 import types
@@ -1290,6 +1291,33 @@ def test_tile_order_visits_every_tile_once(pair, raster):
     assert set(seen) == {(m, n) for m in range(num_m) for n in range(num_n)}
     dupes = len(seen) - num_m * num_n
     assert dupes == {"none": 0, "A": num_m, "B": num_n}[pair]  # peers past the edge
+
+
+def _walked_footprint(num_m, num_n, rows_per_m, cols_per_n, slots, raster, group, pair, max_waves=16):
+    """raster_footprint by walking `tile_order` tile by tile (the reference for the closed form)."""
+    sizes, ms, ns = [], set(), set()
+    for t, item in enumerate(tiles.tile_order(num_m, num_n, raster, group, pair)):
+        for m, n in item:
+            ms.add(m)
+            ns.add(n)
+        if (t + 1) % slots == 0:
+            sizes.append(len(ms) * rows_per_m + len(ns) * cols_per_n)
+            ms, ns = set(), set()
+            if len(sizes) >= max_waves:
+                break
+    if ms and len(sizes) < max_waves:
+        sizes.append(len(ms) * rows_per_m + len(ns) * cols_per_n)
+    return sum(sizes) / len(sizes)
+
+
+def test_raster_footprint_in_closed_form_equals_walking_the_tiles():
+    rng = random.Random(3)
+    for _ in range(1500):
+        num_m, num_n = rng.randint(1, 70), rng.randint(1, 70)
+        slots = rng.choice([1, 2, 3, 7, 16, 33, 66, 132, rng.randint(1, 300)])
+        raster, group, pair = rng.choice("mn"), rng.choice([1, 2, 3, 8, 16]), rng.choice(["none", "A", "B"])
+        args = (num_m, num_n, 128, 256, slots, raster, group, pair)
+        assert tiles.raster_footprint(*args) == _walked_footprint(*args), args
 
 
 def test_choose_raster_minimises_the_working_set():

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...config import KernelConfig
 from ...problem import DTYPE_BYTES
 
@@ -295,4 +297,9 @@ PARTIALS_IN_FLIGHT_REGS = 128
 
 def read_batch(lay: KernelLayout) -> int:
     """Splits whose partials the split-K reducer (split 0) loads together: at least one."""
-    return max(1, min(lay.config.split_k - 1, PARTIALS_IN_FLIGHT_REGS // lay.acc_regs))
+    return int(splits_per_read(lay.config.split_k, lay.acc_regs))
+
+
+def splits_per_read(split_k, acc_regs):
+    """`read_batch` from a config's split_k and accumulator registers (elementwise over arrays)."""
+    return np.maximum(1, np.minimum(split_k - 1, PARTIALS_IN_FLIGHT_REGS // acc_regs))
