@@ -19,6 +19,10 @@ full disk, a file in its place) means in-memory compilation with one warning, ne
 Only regular files are opened (a FIFO in place of a cache file could block forever): anything
 else is a corrupt entry. prune/clear rename an entry aside before deleting it, so a reader never
 sees half of one, and treat items that vanish or appear meanwhile as another process's work.
+
+Beside the entries the root holds jitgemm.tuned's tuning file (TUNING_NAMES) and
+jitgemm.dispatch's tables (DISPATCH_DIR), read under the same trust rules; clear removes the
+tables (precompile writes them again) and keeps the tuning file unless asked; prune keeps both.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ HOLDER_GRACE_S = 1.0  # a holder seen stopped or gone this long is not waited fo
 STALE_TMP_S = 3600.0  # prune/clear remove temporary directories older than this
 KEY_RE = re.compile(r"[0-9a-f]{64}")
 TUNING_NAMES = ("tuned.json", "tuned.json.lock")  # jitgemm.tuned's file: not a kernel entry, kept by clear
+DISPATCH_DIR = "dispatch"  # jitgemm.dispatch's tables, one file per target: removed by clear, kept by prune
 ENV_ROOT, ENV_OFFLINE = "JITGEMM_CACHE_DIR", "JITGEMM_OFFLINE"
 SHARED_OWNER_UID = 0  # root: what it owns may be read by anyone (never written by others)
 
@@ -883,7 +888,8 @@ class KernelCache:
     def clear(self, tuning: bool = False) -> tuple[int, list[str]]:
         """Remove everything the cache made under the root: (entries removed, names left alone).
         Lock files that are held and temporary directories younger than STALE_TMP_S belong to
-        compiles in progress: they stay. The tuning file (jitgemm.tuned) stays unless `tuning`."""
+        compiles in progress: they stay. The tuning file (jitgemm.tuned) stays unless `tuning`;
+        the dispatch tables (jitgemm.dispatch: what precompile chose, which it writes again) go."""
         try:
             real = self._cleanup_root()
         except FileNotFoundError:
@@ -902,7 +908,7 @@ class KernelCache:
             elif name.startswith(TMP_PREFIX):
                 if _age(real / name, now) > STALE_TMP_S:
                     self._delete(real, name)
-            elif name in (LOCK_DIR, FAILED_DIR) or name.startswith(TRASH_PREFIX):
+            elif name in (LOCK_DIR, FAILED_DIR, DISPATCH_DIR) or name.startswith(TRASH_PREFIX):
                 self._delete(real, name)
             else:
                 unknown.append(name)  # not ours: a mistyped JITGEMM_CACHE_DIR must not wipe a home dir

@@ -1,7 +1,7 @@
 """The `jitgemm` command line: precompile shape sets, inspect and clean the cache, explain choices.
 
-jitgemm precompile [SHAPES_FILE] [--m LIST --n LIST --k LIST] [problem options] [--config JSON]... [--jobs N]
-                   [--dry-run] [--json]
+jitgemm precompile [SHAPES_FILE] [--m LIST --n LIST --k LIST] [--m LIST --model NAME...] [problem options]
+                   [--config JSON]... [--jobs N] [--no-table] [--dry-run] [--json]
 jitgemm explain M N K [problem options] [--config JSON] [--json]
 jitgemm tune [SHAPES_FILE] [--m LIST --n LIST --k LIST] [--dtype] [--out-dtype] [--layout] [--top N] [--device N]
              [--show] [--json]
@@ -32,10 +32,20 @@ import click
 from cuda.bindings import driver
 from tqdm import tqdm
 
-from . import __version__, compiler, envflags, heuristics, kernels, plan, registry, runtime, tuned, tuning
-from .cache import TUNING_NAMES, CacheWarning, CorruptEntry, KernelCache, UnsafeError, offline_mode, read_entry
+from . import __version__, compiler, dispatch, envflags, heuristics, kernels, plan, registry, runtime, tuned, tuning
+from .cache import (
+    DISPATCH_DIR,
+    TUNING_NAMES,
+    CacheWarning,
+    CorruptEntry,
+    KernelCache,
+    UnsafeError,
+    offline_mode,
+    read_entry,
+)
 from .config import ARCHS, KernelConfig, parse_json
 from .heuristics import DeviceSpec
+from .models import MODELS
 from .problem import INPUT_DTYPES, LAYOUTS, MAX_DIM, OUTPUT_DTYPES, Problem
 from .render import kernel_name
 
@@ -386,21 +396,38 @@ def _resolve_specs(
 
 
 def _shape_problems(
-    shapes_file, ms, ns, ks, dtype, out_dtype, layout, other_sources: str | None, has_c: bool = False
+    shapes_file,
+    ms,
+    ns,
+    ks,
+    dtype,
+    out_dtype,
+    layout,
+    other_sources: str | None,
+    has_c: bool = False,
+    models: tuple = (),
 ) -> list[Problem]:
-    """The problems of --m/--n/--k (every combination) and SHAPES_FILE; UsageError for a bad
-    file or flag, and for no shapes at all unless `other_sources` is None (the command has
-    other work, e.g. precompile's --config); `other_sources` ends the "give ..." hint."""
+    """The problems of --m/--n/--k (every combination), of --m with each (N, K) of the --model
+    presets, and of SHAPES_FILE; UsageError for a bad file or flag, and for no shapes at all
+    unless `other_sources` is None (the command has other work, e.g. precompile's --config);
+    `other_sources` ends the "give ..." hint."""
+    pairs = list(dict.fromkeys(pair for name in models for pair in MODELS[name].pairs))
+    if pairs and ms is None:
+        raise click.UsageError("--model needs --m: the M sizes (tokens per call) to cover, e.g. --m 1:8192")
     given = {"--m": ms, "--n": ns, "--k": ks}
+    if pairs and ns is None and ks is None:
+        given = {}  # --m goes with the presets' N and K
     if any(v is not None for v in given.values()) and not all(v is not None for v in given.values()):
         missing = [name for name, v in given.items() if v is None]
         raise click.UsageError(f"--m, --n and --k go together; missing {', '.join(missing)}")
-    if ms is not None and len(ms) * len(ns) * len(ks) > MAX_SIZES:
+    if ns is not None and ks is not None:
+        pairs = [(n, k) for n in ns for k in ks] + [p for p in pairs if p[0] not in ns or p[1] not in ks]
+    if ms is not None and len(ms) * len(pairs) > MAX_SIZES:
+        flags = "--m, --n and --k" if not models else "--m and --model" if ns is None else "--m, --n, --k and --model"
         raise click.UsageError(
-            f"--m, --n and --k give {len(ms) * len(ns) * len(ks)} shapes, more than "
-            f"{MAX_SIZES}; precompile fewer at a time"
+            f"{flags} give {len(ms) * len(pairs)} shapes, more than {MAX_SIZES}; precompile fewer at a time"
         )
-    specs = [ShapeSpec(m, n, k) for m in ms for n in ns for k in ks] if ms is not None else []
+    specs = [ShapeSpec(m, n, k) for m in ms for n, k in pairs] if ms is not None else []
     if shapes_file is not None:
         try:
             from_file = read_shape_file(shapes_file)
@@ -485,6 +512,13 @@ def _lookup_one(cache: KernelCache, config: KernelConfig) -> dict:
 @click.option("--m", "ms", type=INT_LIST, help="M sizes: 1,128,4096 and/or ranges start:stop:step (stop included).")
 @click.option("--n", "ns", type=INT_LIST, help="N sizes, as for --m.")
 @click.option("--k", "ks", type=INT_LIST, help="K sizes, as for --m.")
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    type=click.Choice(sorted(MODELS), case_sensitive=False),
+    help="The (N, K) of this model's linear layers (fused QKV, O, gate_up, down), each with every --m. Repeatable.",
+)
 @_problem_options
 @click.option(
     "--config",
@@ -496,19 +530,54 @@ def _lookup_one(cache: KernelCache, config: KernelConfig) -> dict:
 @click.option(
     "--jobs", "-j", type=click.IntRange(min=1), default=None, help="Parallel compiles [default: the number of CPUs]."
 )
-@click.option("--dry-run", is_flag=True, help="List the distinct kernels and whether they are cached; compile nothing.")
+@click.option(
+    "--no-table",
+    is_flag=True,
+    help="Do not record the heuristics' choices in the dispatch table (written by default).",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="List the distinct kernels and whether they are cached; compile and write nothing."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def precompile(
-    shapes_file, ms, ns, ks, dtype, out_dtype, layout, has_c, arch, num_sms, configs, jobs, dry_run, as_json
+    shapes_file,
+    ms,
+    ns,
+    ks,
+    models,
+    dtype,
+    out_dtype,
+    layout,
+    has_c,
+    arch,
+    num_sms,
+    configs,
+    jobs,
+    no_table,
+    dry_run,
+    as_json,
 ):
-    """Compile the kernels a shape set needs into the cache.
+    """Compile the kernels a shape set needs into the cache, and record the heuristics'
+    choices in the dispatch table, from which later processes answer those shapes without
+    running the cost model.
 
-    Shapes come from --m/--n/--k (every combination) and/or SHAPES_FILE: one `M N K` per line,
-    a CSV with an m,n,k header, or a JSON list; file entries may set their own dtype, out_dtype,
-    layout and c (true: the problem adds beta * C). A second run of the same set compiles nothing.
+    Shapes come from --m/--n/--k (every combination), --m with --model (each layer of the
+    model) and/or SHAPES_FILE: one `M N K` per line, a CSV with an m,n,k header, or a JSON list;
+    file entries may set their own dtype, out_dtype, layout and c (true: the problem adds
+    beta * C). A second run of the same set compiles nothing.
     """
+    models = tuple(dict.fromkeys(name.lower() for name in models))
     problems = _shape_problems(
-        shapes_file, ms, ns, ks, dtype, out_dtype, layout, "a SHAPES_FILE, or --config" if not configs else None, has_c
+        shapes_file,
+        ms,
+        ns,
+        ks,
+        dtype,
+        out_dtype,
+        layout,
+        "--m and --model, a SHAPES_FILE, or --config" if not configs else None,
+        has_c,
+        models,
     )
     exact = [_parse_config(text) for text in configs]
     try:
@@ -522,9 +591,10 @@ def precompile(
     device = _target(arch, num_sms) if problems else None
 
     # Map shapes to distinct kernels; a shape the heuristics reject is reported, not fatal.
-    # The same precedence as gemm: JITGEMM_CONFIG, then the tuning file, then the heuristics.
+    # The same precedence as gemm: JITGEMM_CONFIG, the tuning file, the dispatch table, the heuristics.
     users: dict[KernelConfig, list[Problem]] = {c: [] for c in exact}
     sources: dict[str, int] = {}
+    chosen_by: dict[Problem, str] = {}
     select_errors: dict[str, list[Problem]] = {}
     select_start = time.perf_counter()
     name = _target_name(device) if device else None
@@ -543,6 +613,7 @@ def precompile(
             continue
         users.setdefault(cfg, []).append(p)
         sources[source] = sources.get(source, 0) + 1
+        chosen_by[p] = source
     bar.close()
 
     select_seconds = time.perf_counter() - select_start
@@ -556,6 +627,21 @@ def precompile(
     wall = time.perf_counter() - start
     for cfg, record in zip(configs_list, records):
         record.update(kernel=kernel_name(cfg), config=cfg.to_dict(), problems=[_problem_dict(p) for p in users[cfg]])
+    table = None
+    if device is not None:
+        # The heuristics' own choices (the table's, which are theirs too) of the kernels that built.
+        chosen = [
+            (p, cfg)
+            for cfg, record in zip(configs_list, records)
+            if record["status"] != "error"
+            for p in users[cfg]
+            if chosen_by.get(p) in dispatch.RECORDED_SOURCES
+        ]
+        if dry_run or no_table:
+            why = "dry run" if dry_run else "--no-table"
+            table = dispatch.Recorded(dispatch.table_path(device), False, why, len(chosen)).to_dict()
+        else:
+            table = dispatch.record(chosen, device).to_dict()
     summary = {
         "arch": device.arch if device else None,
         "num_sms": device.num_sms if device else None,
@@ -569,6 +655,8 @@ def precompile(
         "hits": sum(r["status"] == "hit" for r in records),
         "failed": sum(r["status"] == "error" for r in records),
         "uncached": sum(r["status"] == "compiled" and not r["cached"] for r in records),
+        "models": {name: [list(pair) for pair in MODELS[name].pairs] for name in models},
+        "table": table,
         "select_seconds": round(select_seconds, 3),
         "wall_seconds": round(wall, 3),
     }
@@ -625,9 +713,13 @@ def _print_precompile(summary: dict, device: DeviceSpec | None) -> None:
             f"{e['problems'][0]['m']} {e['problems'][0]['n']} {e['problems'][0]['k']}: {e['error']}",
             err=True,
         )
+    for name, pairs in summary["models"].items():
+        click.echo(f"--model {name}: (N, K) = {', '.join(f'({n}, {k})' for n, k in pairs)}")
+    table = summary["table"]
     if summary["dry_run"]:
         missing = sum(r["status"] != "hit" for r in summary["kernels"])
-        click.echo(f"dry run: {missing} to compile, {summary['hits']} already cached")
+        recorded = f"; the dispatch table would record {table['shapes']} shapes" if table and table["shapes"] else ""
+        click.echo(f"dry run: {missing} to compile, {summary['hits']} already cached{recorded}")
     else:
         if summary["uncached"]:
             click.echo(
@@ -639,6 +731,15 @@ def _print_precompile(summary: dict, device: DeviceSpec | None) -> None:
             f"{summary['failed']} failed in {summary['wall_seconds']:.2f} s "
             f"(choosing the kernels took {summary['select_seconds']:.2f} s)"
         )
+        if table and table["written"]:
+            click.echo(
+                f"dispatch table {table['path']}: {table['shapes']} shapes recorded; it holds {table['runs']} M "
+                f"runs of {table['configs']} configs over {table['problems']} (N, K, dtypes, layout) combinations"
+            )
+        elif table and table["reason"] not in ("--no-table", "no shapes to record"):
+            click.echo(f"jitgemm: warning: the dispatch table was not written: {table['reason']}", err=True)
+        if table and table["note"]:
+            click.echo(f"jitgemm: note: dispatch table {table['path']}: {table['note']}", err=True)
 
 
 # ---- explain ----
@@ -659,8 +760,8 @@ def _print_precompile(summary: dict, device: DeviceSpec | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
 def explain(m, n, k, dtype, out_dtype, layout, has_c, arch, num_sms, config_text, as_json):
     """Show the kernel an M x N x K GEMM gets and where the choice came from (--config, then
-    JITGEMM_CONFIG, then the tuning file, then the heuristics, as for gemm), the heuristics'
-    best candidates and why others were rejected."""
+    JITGEMM_CONFIG, then the tuning file, then the dispatch table, then the heuristics, as for
+    gemm), the heuristics' best candidates and why others were rejected."""
     try:
         problem = _problem(m, n, k, dtype, out_dtype, layout, has_c)
     except ValueError as exc:  # M x N beyond what the kernels count
@@ -685,6 +786,8 @@ def explain(m, n, k, dtype, out_dtype, layout, has_c, arch, num_sms, config_text
         report["heuristics_choice"] = report.get("chosen")
         report["chosen"] = chosen.to_dict()
     report["source"] = source
+    if source == "table":
+        report["table"] = str(dispatch.table_path(device))
     if as_json:
         try:
             click.echo(json.dumps(report, indent=2))
@@ -806,7 +909,10 @@ def format_explanation(report: dict) -> str:
     if "source" in report:
         lines.append(f"{'source:':10} {plan.SOURCE_TEXT.get(report['source'], report['source'])}")
     if "heuristics_choice" in report:
-        lines.append(f"{'heuristics:':10} {_config_label(report['heuristics_choice'])} (not used)")
+        same = report["heuristics_choice"] == report.get("chosen")  # a table's choice is theirs
+        lines.append(
+            f"{'heuristics:':10} {_config_label(report['heuristics_choice'])} ({'the same' if same else 'not used'})"
+        )
     candidates = report.get("candidates") or []
     if candidates:
         lines.append("candidates (best first):")
@@ -921,6 +1027,7 @@ def cache_list(as_json, sort):
     else:
         entries.sort(key=lambda e: (-e.last_used, e.key))
     total = sum(e.size_bytes for e in entries)
+    tables = dispatch.describe(cache.root)
     if as_json:
         click.echo(
             json.dumps(
@@ -931,6 +1038,7 @@ def cache_list(as_json, sort):
                     "usable": sum(e.unusable_reason(nvrtc) is None for e in entries),
                     "total_bytes": total,
                     "entries": [_entry_dict(e, nvrtc) for e in entries],
+                    "dispatch_tables": tables,
                 },
                 indent=2,
             )
@@ -952,6 +1060,17 @@ def cache_list(as_json, sort):
             f"{unusable} of them cannot be used by this process (NVRTC {nvrtc or 'unavailable'}): "
             "the NVRTC version is part of the cache key, so `jitgemm precompile` builds them again for this one"
         )
+    for t in tables:
+        click.echo(f"dispatch table {t['path']}: {_table_text(t)}")
+
+
+def _table_text(t: dict) -> str:
+    if t["status"] != "ok":
+        return t["status"]
+    return (
+        f"{t['shapes']} shapes in {t['runs']} M runs of {t['configs']} configs over {t['problems']} "
+        f"(N, K, dtypes, layout) combinations ({t['arch']}, {t['num_sms']} SMs)"
+    )
 
 
 @cache_group.command("show")
@@ -1075,14 +1194,16 @@ def cache_prune(older_than, max_size, dry_run, as_json):
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--all", "everything", is_flag=True, help="Also remove the tuning file (tuned.json, from jitgemm tune).")
 def cache_clear(yes, everything):
-    """Delete every cache entry; the tuning file is kept unless --all is given (items jitgemm
-    did not make are left alone)."""
+    """Delete every cache entry and the dispatch tables; the tuning file is kept unless --all
+    is given (items jitgemm did not make are left alone)."""
     cache = KernelCache()
     entries = _cache_call(cache.entries)
+    tables = [t for t in dispatch.describe(cache.root) if "arch" in t]
     tuning_file = cache.root / TUNING_NAMES[0]
     has_tuning = tuning_file.is_file() and not tuning_file.is_symlink()
     if not yes:
-        also = f" and the tuning file {TUNING_NAMES[0]}" if everything and has_tuning else ""
+        also = f", {len(tables)} dispatch table(s)" if tables else ""
+        also += f" and the tuning file {TUNING_NAMES[0]}" if everything and has_tuning else ""
         click.confirm(
             f"Delete {len(entries)} entries ({_human_bytes(sum(e.size_bytes for e in entries))}){also} "
             f"under {cache.root}?",
@@ -1090,6 +1211,8 @@ def cache_clear(yes, everything):
         )
     removed, unknown = _cache_call(cache.clear, tuning=everything)
     click.echo(f"removed {removed} entries from {cache.root}")
+    if tables:
+        click.echo(f"removed {len(tables)} dispatch table(s) ({DISPATCH_DIR}/; `jitgemm precompile` writes them again)")
     if has_tuning:
         if everything:
             click.echo(f"removed the tuning file {tuning_file}")
@@ -1138,6 +1261,7 @@ def _environment() -> dict:
         status = "ok" if cache.root.exists() else "not created yet"
     except (UnsafeError, OSError) as exc:
         entries, status = [], f"not used: {exc}"
+    tables, _ = _try(lambda: dispatch.describe(cache.root))
     return {
         "jitgemm": __version__,
         "python": sys.version.split()[0],
@@ -1152,6 +1276,7 @@ def _environment() -> dict:
             "status": status,
             "entries": len(entries),
             "bytes": sum(e.size_bytes for e in entries),
+            "dispatch_tables": tables or [],
         },
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("JITGEMM_")},
         "variables": _variables(cache),
@@ -1171,9 +1296,10 @@ def _variables(cache: KernelCache) -> list:
         "JITGEMM_CONFIG": lambda: (
             json.loads(os.environ["JITGEMM_CONFIG"])
             if os.environ.get("JITGEMM_CONFIG", "").strip()
-            else "unset: the tuning file, then the heuristics"
+            else "unset: the tuning file, the dispatch table, then the heuristics"
         ),
         "JITGEMM_TUNED": lambda: _on_off(tuned.enabled()),
+        "JITGEMM_DISPATCH_TABLE": lambda: _on_off(dispatch.enabled()),
         "JITGEMM_PDL": lambda: _on_off(envflags.flag(runtime.ENV_PDL, True)),
         "JITGEMM_REQUIRE_GPU": lambda: _on_off(os.environ.get("JITGEMM_REQUIRE_GPU") == "1"),  # tests/conftest.py
         "JITGEMM_TEST_TIMEOUT": lambda: f"{float(os.environ.get('JITGEMM_TEST_TIMEOUT') or 0):g} s",
@@ -1217,6 +1343,8 @@ def env(as_json):
         click.echo(f"GPU {g['ordinal']}          {described}")
     c = info["cache"]
     click.echo(f"cache          {c['root']} ({c['status']}): {c['entries']} entries, {_human_bytes(c['bytes'])}")
+    for t in c["dispatch_tables"]:
+        click.echo(f"dispatch table {t['path']}: {_table_text(t)}")
     click.echo("variables      (* = set; the value in effect, set or not)")
     width = max(len(v["name"]) for v in info["variables"])
     for v in info["variables"]:

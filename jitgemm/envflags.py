@@ -1,5 +1,5 @@
 """jitgemm's environment variables: the list of them (the README's table and `jitgemm env` read
-it), and boolean ones (JITGEMM_TUNED, JITGEMM_PDL) read one way everywhere."""
+it), and boolean ones (JITGEMM_TUNED, JITGEMM_DISPATCH_TABLE, JITGEMM_PDL) read one way everywhere."""
 
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ class Variable(NamedTuple):
 
 
 VARIABLES = (
-    Variable("JITGEMM_CACHE_DIR", "the platform's user cache dir", "Root of the kernel cache and the tuning file."),
+    Variable(
+        "JITGEMM_CACHE_DIR",
+        "the platform's user cache dir",
+        "Root of the kernel cache, the tuning file and the dispatch tables.",
+    ),
     Variable("JITGEMM_OFFLINE", "0", "1: never compile; a kernel missing from the cache is an error."),
     Variable(
         "JITGEMM_CONFIG",
@@ -23,6 +27,11 @@ VARIABLES = (
         "JSON of KernelConfig fields forced on every call without config= (wins over the tuning file).",
     ),
     Variable("JITGEMM_TUNED", "1", "0: ignore the tuning file (`jitgemm tune`); the heuristics decide."),
+    Variable(
+        "JITGEMM_DISPATCH_TABLE",
+        "1",
+        "0: ignore the dispatch tables (`jitgemm precompile`); the heuristics decide.",
+    ),
     Variable("JITGEMM_PDL", "1", "0: launch without programmatic dependent launch."),
     Variable("JITGEMM_REQUIRE_GPU", "0", "1: the test run fails when the GPU tests cannot run.", tests_only=True),
     Variable(

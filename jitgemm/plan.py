@@ -1,7 +1,8 @@
 """Which kernel configuration a problem gets: one precedence for `gemm`, `jitgemm precompile`
 and `jitgemm explain`.
 
-    config= / --config  >  JITGEMM_CONFIG  >  the tuning file (`jitgemm tune`)  >  the heuristics
+    config= / --config  >  JITGEMM_CONFIG  >  the tuning file (`jitgemm tune`)
+        >  the dispatch table (`jitgemm precompile`)  >  the heuristics
 
 The tuning file is keyed by GPU name, arch and SM count. With a GPU (gemm; the CLI when the
 target is the local GPU) its name picks the entries. Without one (the CLI targeting an arch on
@@ -9,13 +10,17 @@ a CPU-only machine, or another arch or SM count than the local GPU's) the entrie
 with the target's arch and SM count are used when they agree on the problem's config; when
 they disagree the heuristics decide (with a TuningWarning), since no one of them is the
 target.
+
+The dispatch table (jitgemm.dispatch) is keyed by arch and SM count only: it holds the
+heuristics' own choices, recorded by `jitgemm precompile`, so that a process answers the
+problems it covers without running the cost model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import heuristics, tuned
+from . import dispatch, heuristics, tuned
 from .config import KernelConfig
 from .heuristics import DeviceSpec
 from .problem import Problem
@@ -24,6 +29,7 @@ SOURCE_TEXT = {
     "argument": "the config given (config= / --config)",
     "env": f"the {heuristics.ENV_VAR} variable",
     "tuning": "the tuning file (jitgemm tune; JITGEMM_TUNED=0 ignores it)",
+    "table": f"the dispatch table (jitgemm precompile; {dispatch.ENV_TABLE}=0 ignores it)",
     "heuristics": "the heuristics",
 }
 
@@ -54,4 +60,8 @@ def choose(
             from_file = tuned.tuned_config(problem, device_spec, name)
         if from_file is not None:
             return from_file, "tuning"
+    if dispatch.enabled():
+        from_table = dispatch.lookup(problem, device_spec)
+        if from_table is not None:
+            return from_table, "table"
     return heuristics.select(problem, device_spec), "heuristics"
