@@ -32,8 +32,6 @@ from .config import KernelConfig
 from .heuristics import DeviceSpec
 from .problem import MAX_OUTPUT_ELEMENTS, Problem
 
-PLAN_CACHE_SIZE = 1024
-
 
 class FallbackCopyWarning(UserWarning):
     """An argument's layout cannot be read or written by TMA in place, so jitgemm copies it
@@ -251,56 +249,131 @@ class _Kernel:
     def launch(self, va: View, vb: View, vd: View, vc: View | None, alpha: float, beta: float) -> launch.KernelLaunch:
         maps = self.arch.tensor_maps(self.problem, self.lay, va, vb, vd, vc)
         return launch.KernelLaunch(
-            self.kernel, self.cfg, self.problem, maps, alpha, beta, self.grid, self.tiles, self.dev, self.stream
+            self.kernel,
+            self.cfg,
+            self.problem,
+            maps,
+            alpha,
+            beta,
+            self.grid,
+            self.tiles,
+            self.dev,
+            self.stream,
+            self.arch.map_operands(self.lay, vc is not None),
         )
 
 
 # --------------------------------------------------------------------------------------------
-# the call-plan cache of the CuPy / torch fast path
+# the lean path: problems seen before, with any arrays
 # --------------------------------------------------------------------------------------------
-class _Plan:
-    """Everything a repeated call with the same arrays (pointers, shapes, strides, dtypes,
-    device), scalars and stream needs: the launch, or, when gemm allocates the result, one
-    launch per result address the allocator hands out."""
+PLAN_CACHE_SIZE = 4096
+ADDRESS_LIMIT = 1 << 64
+_MISALIGNED = TMA_ALIGN - 1  # address bits TMA needs clear
 
-    __slots__ = ("lib", "kernel", "operands", "alpha", "beta", "dev", "shape", "odt", "fixed", "by_out")
+
+class _Plan:
+    """A problem seen before, for CuPy and torch arrays: everything about a call but the
+    arrays' addresses (the arrays' types, shapes, strides, dtypes and devices, the scalars,
+    out_dtype, config and stream, and whether out is c) keys it, and it holds the loaded
+    kernel's launch with its grid and packed parameters.
+
+    A call with new arrays (the usual case in a model) makes only the checks that depend on
+    the addresses, patches the addresses into the launch's tensor maps and launches. Those
+    checks are the general path's, or stricter: every address 16-byte aligned (else the
+    general path copies), the operand's bytes within the 64-bit address space, and `out` apart
+    from a, b and c (else the general path's exact overlap test decides, and raises or
+    copies). Anything the checks do not clear goes through the general path."""
+
+    __slots__ = (
+        "lib",
+        "call",
+        "lock",
+        "dev",
+        "stream",
+        "out_shape",
+        "odt",
+        "out_given",
+        "c_given",
+        "uses_c",
+        "out_is_c",
+        "spans",
+        "last",
+        "last_a",
+        "last_b",
+    )
 
     def __init__(
-        self, lib, kernel: _Kernel, operands: tuple, alpha: float, beta: float, fixed: launch.KernelLaunch | None
+        self,
+        lib,
+        call: launch.KernelLaunch,
+        dev: int,
+        stream: int,
+        out_shape: tuple,
+        odt: str,
+        views: tuple,
+        uses_c: bool,
     ):
-        self.lib, self.kernel, self.operands = lib, kernel, operands  # the views of a, b and c
-        self.alpha, self.beta = alpha, beta
-        self.dev = kernel.dev
-        self.shape = (kernel.problem.m, kernel.problem.n)
-        self.odt = kernel.problem.out_dtype
-        self.fixed = fixed  # the launch when the caller passes out
-        self.by_out: dict = {}
+        va, vb, vo, vc = views  # vo and vc as the caller passed them (None when not given)
+        self.lib, self.call, self.lock = lib, call, threading.Lock()
+        self.dev, self.stream, self.out_shape, self.odt = dev, stream, out_shape, odt
+        self.out_given, self.c_given, self.uses_c = vo is not None, vc is not None, uses_c
+        self.out_is_c = vo is not None and vc is not None and vo.same_memory(vc)
+        self.spans = tuple(0 if v is None else v.span() for v in views)
+        self.last = tuple(ADDRESS_LIMIT - span for span in self.spans)  # the highest base address
+        self.last_a, self.last_b = self.last[:2]
 
-    def run(self, out, explicit_stream: bool):
-        if out is not None:
-            assert self.fixed is not None  # a plan of calls with out has their launch
-            self.fixed()
-            return out
-        lib, stream = self.lib, self.kernel.stream
-        if explicit_stream and lib.current_stream(self.dev) != stream:
-            with lib.stream_scope(stream, self.dev):
-                out = lib.empty(self.shape, self.odt, self.dev, stream)
-        else:
-            out = lib.empty(self.shape, self.odt, self.dev, stream)
-        ptr = lib.data_ptr(out)
-        call = self.by_out.get(ptr)
-        if call is None:
-            if ptr % TMA_ALIGN:
+    def run(self, pa: int, pb: int, out, po: int, pc: int, explicit_stream: bool):
+        """The result, or None when the addresses need the general path."""
+        if (pa | pb) & _MISALIGNED or pa > self.last_a or pb > self.last_b:
+            return None
+        if (self.out_given or self.c_given) and not self._out_and_c_clear(pa, pb, po, pc):
+            return None
+        if out is None:
+            lib, stream = self.lib, self.stream
+            if explicit_stream and lib.current_stream(self.dev) != stream:
+                with lib.stream_scope(stream, self.dev):
+                    out = lib.empty(self.out_shape, self.odt, self.dev, stream)
+            else:
+                out = lib.empty(self.out_shape, self.odt, self.dev, stream)
+            po = lib.data_ptr(out)
+            if po & _MISALIGNED:
                 return None  # an unusual allocation: let the general path handle it
-            if len(self.by_out) >= 16:
-                self.by_out.clear()
-            va, vb, vc = self.operands
-            call = self.by_out[ptr] = self.kernel.launch(va, vb, lib.view(out, "out"), vc, self.alpha, self.beta)
-        call()
+        call, lock = self.call, self.lock
+        lock.acquire()  # one launch object: patched and queued by one thread at a time
+        try:
+            call.repoint(pa, pb, po, pc)
+            call()
+        finally:
+            lock.release()
         return out
+
+    def _out_and_c_clear(self, pa: int, pb: int, po: int, pc: int) -> bool:
+        """The address checks of a given out and c: aligned where the kernel reads them, within
+        the address space, out apart from a, b and (unless it is c) c."""
+        last, spans = self.last, self.spans
+        if self.c_given and (pc > last[3] or (self.uses_c and pc & _MISALIGNED)):
+            return False
+        if not self.out_given:
+            return True
+        span = spans[2]
+        return not (
+            po & _MISALIGNED
+            or po > last[2]
+            or not (po + span <= pa or pa + spans[0] <= po)
+            or not (po + span <= pb or pb + spans[1] <= po)
+            or (self.c_given and not self.out_is_c and not (po + span <= pc or pc + spans[3] <= po))
+        )
 
 
 _plans: dict = {}
+_plans_lock = threading.Lock()
+
+
+def _remember(key, plan: _Plan) -> None:
+    with _plans_lock:
+        if key not in _plans and len(_plans) >= PLAN_CACHE_SIZE:
+            del _plans[next(iter(_plans))]  # the oldest
+        _plans[key] = plan
 
 
 def gemm(
@@ -377,29 +450,43 @@ def gemm(
         When the stream is capturing a CUDA graph and the kernel is not loaded yet (run the
         call once before capturing).
 
-    Calls with the same arrays (pointers, shapes, strides), scalars and stream reuse their TMA
-    descriptors and launch configuration; the kernel is compiled once per configuration and
-    process (and cached on disk), also when many threads ask for it at once.
+    A call whose problem was seen before (the arrays' shapes, strides, dtypes and device, the
+    scalars, out_dtype, config and stream; CuPy and torch arrays), with the same arrays or new
+    ones, reuses its kernel, launch geometry and TMA descriptors, patching only the arrays'
+    addresses; the kernel is compiled once per configuration and process (and cached on
+    disk), also when many threads ask for it at once.
     """
     lib = lib_of(a)
-    if lib is not None and lib.fast and (dev := lib.device_of(a)) >= 0:
+    if lib is not None and lib.fast:
+        plan = None
         try:
-            key = (
-                lib.key(a),
-                lib.key(b),
-                None if out is None else lib.key(out),
-                None if c is None else lib.key(c),
-                alpha,
-                beta,
-                out_dtype,
-                config,
-                lib.current_stream(dev) if stream is None else _stream_handle(stream),
-            )
-            plan = _plans.get(key)
+            ka, pa = lib.parts(a)
+            dev = ka[-1]
+            if dev < 0:
+                key = None  # not a device array: the general path says what is wrong
+            else:
+                kb, pb = lib.parts(b)
+                ko, po = (None, 0) if out is None else lib.parts(out)
+                kc, pc = (None, 0) if c is None else lib.parts(c)
+                key = (
+                    ka,
+                    kb,
+                    ko,
+                    kc,
+                    po == pc,
+                    alpha.__class__,
+                    alpha,
+                    beta.__class__,
+                    beta,
+                    out_dtype,
+                    config,
+                    lib.current_stream(dev) if stream is None else _stream_handle(stream),
+                )
+                plan = _plans.get(key)
         except (AttributeError, TypeError):  # mixed kinds of arrays, odd arguments: the general path
-            key, plan = None, None
+            key = None
         if plan is not None:
-            result = plan.run(out, stream is not None)
+            result = plan.run(pa, pb, out, po, pc, stream is not None)
             if result is not None:
                 return result
         return _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, key)
@@ -594,14 +681,10 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, ha
         plan_key is not None
         and not (d.a_copy or d.b_copy or d.c_copy)
         and lib.fast
-        and all(v.lib is lib for v in (va, vb, vc_k, vo) if v is not None)
+        and all(v.lib is lib for v in (va, vb, vc, vo) if v is not None)
     ):
-        if len(_plans) >= PLAN_CACHE_SIZE:
-            _plans.clear()
-        plan = _Plan(lib, kern, (va, vb, vc_k), alpha, beta, call if out_given else None)
-        if not out_given:
-            plan.by_out[vo.ptr] = call
-        _plans[plan_key] = plan
+        operands = (va, vb, vo if out_given else None, vc)
+        _remember(plan_key, _Plan(lib, call, dev, handle, (m, n), odt, operands, d.has_c))
     return result()
 
 

@@ -23,7 +23,7 @@ class ArrayLib:
     """Allocation, copies and stream scoping in one array library."""
 
     name = "?"
-    fast = False  # a fast-path library: `key` identifies an operand for the call-plan cache
+    fast = False  # a lean-path library: `parts` describes an operand for the plans of api.gemm
 
     def view(self, array, argname: str) -> View:
         raise NotImplementedError
@@ -36,7 +36,10 @@ class ArrayLib:
         view = View(array, self, ptr, array.shape, strides, dtype, itemsize, device, None, readonly)
         return checked_view(view, argname, array.strides)
 
-    def key(self, array) -> tuple:
+    def parts(self, array) -> tuple:
+        """(key, address) of an operand of this library, for the lean path's plans: the key is
+        (type, shape, strides, dtype, device ordinal), the device last; AttributeError or
+        TypeError for an object that is not such an array."""
         raise NotImplementedError
 
     def data_ptr(self, array) -> int:
@@ -90,8 +93,9 @@ class CupyLib(ArrayLib):
     def view(self, array, argname):
         return self._numpy_like_view(array, argname, array.data.ptr, array.data.device_id)
 
-    def key(self, array):
-        return (array.data.ptr, array.shape, array.strides, array.dtype, array.data.device_id)
+    def parts(self, array):
+        data = array.data
+        return (array.__class__, array.shape, array.strides, array.dtype, data.device_id), data.ptr
 
     def data_ptr(self, array):
         return array.data.ptr
@@ -162,8 +166,8 @@ class TorchLib(ArrayLib):
         )
         return checked_view(view, argname)
 
-    def key(self, array):
-        return (array.data_ptr(), array.shape, array.stride(), array.dtype, array.get_device())
+    def parts(self, array):
+        return (array.__class__, array.shape, array.stride(), array.dtype, array.get_device()), array.data_ptr()
 
     def data_ptr(self, array):
         return array.data_ptr()

@@ -51,6 +51,12 @@ class View:
     def size(self) -> int:
         return self.shape[0] * self.shape[1]
 
+    def span(self) -> int:
+        """Bytes from the first element to one past the last (positive strides; 0 when empty)."""
+        if self.size == 0:
+            return 0
+        return sum((n - 1) * s for n, s in zip(self.shape, self.strides)) * self.itemsize + self.itemsize
+
     def major(self) -> int | None:
         """Index of the unit-stride dimension (1 = row-major), or None if neither is unit-stride."""
         rows, cols = self.shape
