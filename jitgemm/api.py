@@ -172,7 +172,13 @@ def _operand_major(view: View) -> tuple:
 
 
 def _output_ready(view: View) -> bool:
-    return (view.strides[1] == 1 or view.shape[1] == 1) and view.tma_ready(1)
+    return view.strides is not None and (view.strides[1] == 1 or view.shape[1] == 1) and view.tma_ready(1)
+
+
+def _copy_reason(view: View) -> str:
+    if view.strides is None:
+        return "has leading dimensions that do not fold into rows of one stride, and is copied"
+    return "cannot be read by TMA in place and is copied"
 
 
 def _aligned(
@@ -385,7 +391,7 @@ def gemm(
 
     Parameters
     ----------
-    a : array, shape (M, K), bfloat16 or float16
+    a : array, shape (M, K) or (..., K), bfloat16 or float16
         A CuPy array, a PyTorch CUDA tensor, any object with ``__cuda_array_interface__``
         (version 3; its ``stream`` is waited for) or ``__dlpack__`` (JAX, Numba, ...), or a NumPy
         host array (then every array argument must be NumPy: they are copied to the current
@@ -394,17 +400,21 @@ def gemm(
         allows it (16-byte aligned base address and leading stride, unit inner stride, rows of
         whole 16-byte units); other layouts are copied into an aligned buffer, with a one-time
         :class:`FallbackCopyWarning` naming the argument. Zero (broadcast) and negative strides
-        raise ValueError.
+        raise ValueError. An N-D `a` (..., K), such as activations (batch, seq, hidden) as
+        ``F.linear`` takes them, is computed as one (M, K) matrix of M = prod(...) rows: read in
+        place when its leading dimensions step through memory with one stride (a row-major
+        array or padded rows; also a (..., K) view of a contiguous (K, ...) array), otherwise
+        copied (with the one-time warning). The result then has shape (..., N).
     b : array, shape (K, N)
-        Same dtype, kind (device or host) and device as `a`; same layout rules.
-    out : array, shape (M, N), optional
+        Same dtype, kind (device or host) and device as `a`; same layout rules; 2-D.
+    out : array, shape (M, N) or (..., N) (`a`'s leading dimensions), optional
         Written in place and returned. Its dtype is the input dtype or float32 (and must equal
         `out_dtype` when that is given). It may be `c` itself (in-place accumulation,
         ``out=c``) but must not overlap `a` or `b`, nor overlap `c` other than being exactly
-        `c`. A layout TMA cannot store to (not row-major, misaligned, or rows not whole 16-byte
-        units) is written through an aligned buffer and copied in, with a one-time
-        :class:`FallbackCopyWarning`.
-    c : array, shape (M, N), optional (keyword-only)
+        `c`. A layout TMA cannot store to (not row-major, misaligned, rows not whole 16-byte
+        units, or leading dimensions that do not fold into rows of one stride) is written
+        through an aligned buffer and copied in, with a one-time :class:`FallbackCopyWarning`.
+    c : array, shape (M, N) or (..., N), optional (keyword-only)
         The addend, in the output dtype, on the same device as `a`. It is read by the kernel
         (row-major, TMA-aligned; other layouts are copied first, with a one-time warning).
         With ``beta == 0`` it is not read (BLAS convention: NaNs in `c` do not propagate).
@@ -432,9 +442,10 @@ def gemm(
 
     Returns
     -------
-    `out` when given; otherwise a new (M, N) array of `a`'s library on `a`'s device: a CuPy
-    array, a torch tensor, a NumPy array, an array of `a`'s ``__array_namespace__()`` (JAX,
-    ...) made with its ``from_dlpack``, or else a :class:`jitgemm.DeviceArray`
+    `out` when given; otherwise a new (M, N) array ((..., N) for an N-D `a`) of `a`'s library
+    on `a`'s device: a CuPy array, a torch tensor, a NumPy array, an array of `a`'s
+    ``__array_namespace__()`` (JAX, ...) made with its ``from_dlpack``, or else a
+    :class:`jitgemm.DeviceArray`
     (``__cuda_array_interface__`` and ``__dlpack__``). Zero-size M or N returns an empty
     result without a launch; K = 0 returns zeros, or ``beta * c``, without a GEMM launch.
 
@@ -517,25 +528,30 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
     if va.dtype not in ("bf16", "fp16"):
         raise TypeError(f"a: expected dtype bfloat16 or float16, got {NUMPY_NAMES[va.dtype]}")
     vb = _describe_like(b, "b", va, consumer)
+    if vb.nd is not None:
+        raise ValueError(f"b: expected a 2-D array (K, N), got {len(vb.full_shape)}-D with shape {vb.full_shape}")
     if vb.dtype != va.dtype:
         raise TypeError(f"b: expected dtype {NUMPY_NAMES[va.dtype]} (the dtype of a), got {NUMPY_NAMES[vb.dtype]}")
     (m, k), (kb, n) = va.shape, vb.shape
     if kb != k:
         raise ValueError(
             f"b: expected shape ({k}, N) so that its rows match the {k} columns of a "
-            f"(a has shape {va.shape}), got shape {vb.shape}"
+            f"(a has shape {va.full_shape}), got shape {vb.shape}"
         )
     if m * n > MAX_OUTPUT_ELEMENTS:
         raise ValueError(
-            f"b: a {va.shape} @ b {vb.shape} has {m * n} output elements, more than the "
+            f"b: a {va.full_shape} @ b {vb.shape} has {m * n} output elements, more than the "
             f"{MAX_OUTPUT_ELEMENTS} (2^40) the kernels can count in 32-bit tiles"
         )
     odt = _out_dtype_name(out_dtype, va.dtype)
+    # The result's shape: (M, N), or (..., N) for an N-D a (..., K).
+    out_shape = (*va.full_shape[:-1], n)
+    rows = "rows of a" if va.nd is None else "the leading dimensions of a"
     vo = None
     if out is not None:
         vo = _describe_like(out, "out", va, consumer)
-        if vo.shape != (m, n):
-            raise ValueError(f"out: expected shape {(m, n)} (rows of a, columns of b), got {vo.shape}")
+        if vo.full_shape != out_shape:
+            raise ValueError(f"out: expected shape {out_shape} ({rows}, columns of b), got {vo.full_shape}")
         if out_dtype is not None and vo.dtype != odt:
             raise TypeError(f"out: expected dtype {NUMPY_NAMES[odt]} (out_dtype), got {NUMPY_NAMES[vo.dtype]}")
         if vo.dtype not in (va.dtype, "fp32"):
@@ -548,8 +564,8 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
     vc = None
     if c is not None:
         vc = _describe_like(c, "c", va, consumer)
-        if vc.shape != (m, n):
-            raise ValueError(f"c: expected shape {(m, n)} (rows of a, columns of b), got {vc.shape}")
+        if vc.full_shape != out_shape:
+            raise ValueError(f"c: expected shape {out_shape} ({rows}, columns of b), got {vc.full_shape}")
         if vc.dtype != odt:
             raise TypeError(f"c: expected dtype {NUMPY_NAMES[odt]} (the output dtype), got {NUMPY_NAMES[vc.dtype]}")
     if vo is not None:
@@ -576,7 +592,7 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
     va, vb, vo, vc = views["a"], views["b"], views.get("out"), views.get("c")
 
     if va.is_host:
-        return _gemm_host(va, vb, vo, vc, m, n, k, odt, alpha, beta, explicit, config)
+        return _gemm_host(va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, explicit, config)
     if dev is None:  # only empty raw arrays: no memory anywhere to say which device
         dev = context.current_device()
     # Layouts, copies and the kernel configuration are decided (and a bad config rejected)
@@ -592,7 +608,7 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
         for _, v in named:
             if v.stream is not None and v.stream != handle:
                 stream_wait(handle, v.stream, dev)
-        return _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, handle, plan_key)
+        return _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decision, dev, handle, plan_key)
 
 
 class _Decision:
@@ -638,11 +654,11 @@ def _describe_like(obj, argname: str, va: View, stream: int) -> View:
     return view
 
 
-def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, handle, plan_key):
+def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decision, dev, handle, plan_key):
     lib = va.lib
     out_given = vo is not None
     if not out_given:
-        vo = lib.view(lib.empty((m, n), odt, dev, handle), "out")
+        vo = lib.view(lib.empty(out_shape, odt, dev, handle), "out")
     # A result of another library is made from ours only once the work on it is queued.
     result = (lambda: vo.array) if out_given else (lambda: lib.result(vo.array, a))
     if decision is None:
@@ -656,14 +672,14 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, ha
     d = decision
     kern = _Kernel(d.problem, d.cfg, dev, handle)
     if d.a_copy:
-        _warn_copy("a", "cannot be read by TMA in place and is copied")
+        _warn_copy("a", _copy_reason(va))
         va = _copy_in(va, d.a_major, "a", dev, handle)
     if d.b_copy:
-        _warn_copy("b", "cannot be read by TMA in place and is copied")
+        _warn_copy("b", _copy_reason(vb))
         vb = _copy_in(vb, d.b_major, "b", dev, handle)
     vc_k = vc if d.has_c else None
     if d.c_copy:
-        _warn_copy("c", "cannot be read by TMA in place and is copied")
+        _warn_copy("c", _copy_reason(vc))
         vc_k = _copy_in(vc, 1, "c", dev, handle)
     if _output_ready(vo):
         vd = vo
@@ -671,7 +687,12 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, ha
         vd = vc_k  # out=c: accumulate in the aligned copy of c, then copy back
     else:
         if out_given:
-            _warn_copy("out", "cannot be written by TMA in place; the result is copied into it")
+            _warn_copy(
+                "out",
+                "cannot be written by TMA in place"
+                + (" (its leading dimensions do not fold into rows of one stride)" if vo.strides is None else "")
+                + "; the result is copied into it",
+            )
         vd = _aligned(vo.lib, m, n, 1, odt, dev, handle, "out", zero=False)
     call = kern.launch(va, vb, vd, vc_k, alpha, beta)
     call()
@@ -684,15 +705,15 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, ha
         and all(v.lib is lib for v in (va, vb, vc, vo) if v is not None)
     ):
         operands = (va, vb, vo if out_given else None, vc)
-        _remember(plan_key, _Plan(lib, call, dev, handle, (m, n), odt, operands, d.has_c))
+        _remember(plan_key, _Plan(lib, call, dev, handle, out_shape, odt, operands, d.has_c))
     return result()
 
 
-def _gemm_host(va, vb, vo, vc, m, n, k, odt, alpha, beta, explicit, config):
+def _gemm_host(va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, explicit, config):
     """NumPy in, NumPy out: upload aligned copies, compute on the current GPU, download."""
     lib = va.lib
     if vo is None:
-        vo = lib.view(lib.empty((m, n), odt, HOST, None), "out")
+        vo = lib.view(lib.empty(out_shape, odt, HOST, None), "out")
     if m == 0 or n == 0:
         return vo.array
     if k == 0:  # a @ b is all zeros
@@ -726,6 +747,8 @@ def _upload(view: View, major: int, dev: int, stream: int, staged: list) -> View
     """A zero-padded device copy of host `view`, `major` innermost, as a View."""
     rows, cols = view.shape
     array: np.ndarray = view.array  # type: ignore[assignment]  # a host view holds a NumPy array
+    if view.nd is not None:
+        array = array.reshape(rows, cols)  # a view where the leading dimensions fold, else a copy
     host = array if major == 1 else array.T
     pad = TMA_ALIGN // view.itemsize
     staging = np.zeros((host.shape[0], -(-host.shape[1] // pad) * pad), host.dtype)

@@ -336,3 +336,33 @@ def test_threads_sharing_a_plan_launch_their_own_addresses(fake):
     assert not errors
     launched = sorted(addresses for _, addresses in fake.driver.launches[1:])
     assert launched == sorted(expected)
+
+
+# ---- N-D through the lean path's plans (fake arrays, fake driver) -------------------------
+def test_nd_a_gets_plans_too(fake):
+    b = FakeTensor((64, 48))
+    first = jitgemm.gemm(FakeTensor((2, 40, 64)), b)
+    assert first.shape == (2, 40, 48)
+    x = FakeTensor((2, 40, 64))
+    res = jitgemm.gemm(x, b)
+    assert res.shape == (2, 40, 48) and len(fake.general) == 1
+    assert fake.driver.launches[-1][1] == [x.ptr, b.ptr, res.ptr]
+    out, x = FakeTensor((2, 40, 48), "fp32"), FakeTensor((2, 40, 64))
+    jitgemm.gemm(FakeTensor((2, 40, 64)), b, FakeTensor((2, 40, 48), "fp32"))
+    assert jitgemm.gemm(x, b, out) is out and len(fake.general) == 2
+    assert fake.driver.launches[-1][1] == [x.ptr, b.ptr, out.ptr]
+
+
+def test_nd_a_that_does_not_fold_is_copied(fake):
+    x = FakeTensor((2, 40, 64), strides=(64, 128, 1))  # x.transpose(0, 1) of a contiguous (40, 2, 64)
+    b = FakeTensor((64, 48))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        api._warned.discard("a")
+        res = jitgemm.gemm(x, b)
+    assert res.shape == (2, 40, 48)
+    (copy,) = [op for op in fake.ops if op[0] == "copy"]
+    assert copy[2] == x.ptr
+    assert fake.driver.launches[-1][1][0] == copy[1]  # the kernel reads the copy
+    assert any("do not fold" in str(w.message) for w in caught)
+    assert not api._plans  # copies: no plan
