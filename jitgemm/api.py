@@ -344,11 +344,10 @@ class _Plan:
             po = lib.data_ptr(out)
             if po & _MISALIGNED:
                 return None  # an unusual allocation: let the general path handle it
-        call, lock = self.call, self.lock
+        lock = self.lock
         lock.acquire()  # one launch object: patched and queued by one thread at a time
         try:
-            call.repoint(pa, pb, po, pc)
-            call()
+            self.call.launch_at(pa, pb, po, pc)
         finally:
             lock.release()
         return out

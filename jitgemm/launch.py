@@ -291,11 +291,13 @@ class KernelLaunch:
     between calls) and the split count. Calling it launches on `stream` in the device's primary
     context.
 
-    `repoint` gives the maps new global addresses: a problem seen before with new arrays
-    reuses the launch (kernel, grid, every other descriptor field) and patches only the
-    addresses. The driver copies the parameters when a launch is queued, so patching after a
-    launch never touches a launch already queued; callers sharing one launch across threads
-    hold a lock from `repoint` until the launch is queued."""
+    `launch_at` (`repoint`, then launch) gives the maps new global addresses: a problem seen
+    before with new arrays reuses the launch (kernel, grid, every other descriptor field) and
+    patches only the addresses: written directly where the driver is seen to keep a map's
+    address in its first word (`_address_is_first_word`, asked once per launch), else by
+    cuTensorMapReplaceAddress. The driver copies the parameters when a launch is queued, so
+    patching after a launch never touches one already queued; callers sharing one launch
+    across threads hold a lock from `launch_at` until it returns."""
 
     __slots__ = (
         "kernel",
@@ -352,10 +354,14 @@ class KernelLaunch:
             ctypes.memmove(base + i * MAP_BYTES, int(tmap.getPtr()), MAP_BYTES)
         self.words = memoryview(self.storage).cast("B")[offset : offset + len(maps) * MAP_BYTES].cast("Q")
         addresses = [base + i * MAP_BYTES for i in range(len(maps))]
-        self.maps = [driver.CUtensorMap(_ptr=address) for address in addresses]
+        self.maps = [driver.CUtensorMap(_ptr=address) for address in addresses]  # views of the storage
+        if [int(t.getPtr()) for t in self.maps] != addresses:
+            raise RuntimeError("cuda.bindings' CUtensorMap(_ptr=...) did not wrap jitgemm's descriptor storage")
         self.roles = tuple(roles)
         self.words_of_roles = tuple((i * _WORDS_PER_MAP, role) for i, role in enumerate(self.roles))
-        self.direct = None  # whether repoint may write addresses itself: asked on first use
+        # Whether repoint may write the addresses itself; asked of the driver now, in the
+        # device's context (the caller's), once per launch.
+        self.direct = bool(self.roles) and _address_is_first_word(self.words, self.maps)
         self.ints = (ctypes.c_int * 3)(problem.m, problem.n, problem.k)
         self.floats = (ctypes.c_float * 2)(alpha, beta)
         ints, floats = ctypes.addressof(self.ints), ctypes.addressof(self.floats)
@@ -373,12 +379,11 @@ class KernelLaunch:
 
     def repoint(self, a: int, b: int, d: int, c: int) -> None:
         """Point each map at the operand its role names: a, b, d and c are addresses (c may be
-        0 when no map reads it). Each must be 16-byte aligned (TMA's rule; the caller checks)."""
-        direct = self.direct
-        if direct is None:
-            direct = self.direct = _address_is_first_word(self.words, self.maps)
+        0 when no map reads it). Each must be 16-byte aligned (TMA's rule; the caller checks).
+        Without direct writes this calls the driver: the device's context must be current
+        (`launch_at` makes it so)."""
         operands = (a, b, d, c)
-        if direct:
+        if self.direct:
             words = self.words
             for word, role in self.words_of_roles:
                 words[word] = operands[role]
@@ -386,10 +391,19 @@ class KernelLaunch:
             for tmap, role in zip(self.maps, self.roles):
                 _replace_address(tmap, operands[role])
 
-    def addresses(self) -> list:
-        """The global address each map points at now (its first word: a test's view, and what
-        `repoint` writes in its direct mode)."""
-        return [self.words[i * _WORDS_PER_MAP] for i in range(len(self.maps))]
+    def launch_at(self, a: int, b: int, d: int, c: int) -> None:
+        """`repoint` the maps at these addresses, then launch (in the device's context)."""
+        now = driver.cuCtxGetCurrent()[1]
+        if now is not None and int(now) == self.ctx_handle:
+            self.repoint(a, b, d, c)
+            if self.pointers is None:
+                self._launch()
+            else:
+                self._dispatch()
+        else:
+            with context.current(self.ctx):
+                self.repoint(a, b, d, c)
+                self._dispatch()
 
     def __call__(self) -> None:
         now = driver.cuCtxGetCurrent()[1]

@@ -152,3 +152,21 @@ def test_generic_copy_of_a_4d_array_that_does_not_fold(monkeypatch):
     dst = View(buf, GENERIC, buf.ctypes.data, (24, 8), (8, 1), "fp16", 2, 0)
     GENERIC.copy_(dst, _generic_view(src), 0)
     np.testing.assert_array_equal(buf, x.reshape(24, 8))
+
+
+def test_library_copies_split_a_buffers_rows_without_a_copy():
+    """The array libraries copy between an N-D operand and jitgemm's 2-D aligned buffer by seeing
+    the buffer with the operand's shape: a view, so that writes land in the buffer."""
+    lib = arrays.lib_of(np.zeros(1))
+    x = np.arange(4 * 3 * 8, dtype=np.float16).reshape(4, 3, 8)
+    permuted = x.transpose(1, 0, 2).copy().transpose(1, 0, 2)
+    buf = np.zeros((12, 16), np.float16)
+    window = lib.view(buf[:, :8], "copy")
+    lib.copy_(window, lib.view(permuted, "a"), None)
+    np.testing.assert_array_equal(buf[:, :8], x.reshape(12, 8))
+    transposed = np.zeros((8, 16), np.float16)[:, :12].T  # an M-major (12, 8) buffer
+    lib.copy_(lib.view(transposed, "copy"), lib.view(permuted, "a"), None)
+    np.testing.assert_array_equal(transposed, x.reshape(12, 8))
+    out = np.zeros((3, 4, 8), np.float16).transpose(1, 0, 2)
+    lib.copy_(lib.view(out, "out"), window, None)
+    np.testing.assert_array_equal(out, x)

@@ -158,7 +158,7 @@ def test_new_arrays_of_a_seen_problem_patch_only_the_addresses(fake):
         assert again is call  # the same launch: kernel, grid, parameters
         assert addresses == [a2.ptr, b2.ptr, res.ptr]
     assert len(fake.general) == 1
-    assert call.direct is True and fake.driver.replaced == 6  # asked once: 2 addresses x 3 maps
+    assert call.direct is True and fake.driver.replaced == 6  # asked once, at the first launch: 2 addresses x 3 maps
 
 
 def test_only_the_addresses_change(fake):
@@ -184,6 +184,25 @@ def test_the_driver_call_patches_when_the_address_is_not_the_first_word(fake, mo
     assert call.direct is False
     assert addresses == [a2.ptr, b2.ptr, res.ptr]
     assert len(fake.general) == 1
+
+
+def test_addresses_are_patched_in_the_devices_context(fake, monkeypatch):
+    """From a thread where another context is current, the driver patches the descriptors (and
+    the kernel is launched) with the device's primary context pushed."""
+    fake.driver = Driver(monkeypatch, address_word=3)  # the driver call patches
+    a, b = FakeTensor((M, K)), FakeTensor((K, N))
+    jitgemm.gemm(a, b)
+    stack = [999]  # another context is current
+    monkeypatch.setattr(driver, "cuCtxGetCurrent", lambda: (OK, stack[-1]))
+    monkeypatch.setattr(driver, "cuCtxPushCurrent", lambda ctx: (stack.append(int(ctx)), (OK,))[1])
+    monkeypatch.setattr(driver, "cuCtxPopCurrent", lambda: (OK, stack.pop()))
+    seen = []
+    replace = fake.driver.replace_address
+    monkeypatch.setattr(driver, "cuTensorMapReplaceAddress", lambda t, p: (seen.append(stack[-1]), replace(t, p))[1])
+    x = FakeTensor((M, K))
+    res = jitgemm.gemm(x, b)
+    assert seen == [CTX, CTX, CTX] and stack == [999]
+    assert fake.driver.launches[-1][1] == [x.ptr, b.ptr, res.ptr]
 
 
 @pytest.mark.parametrize("cfg", [dict(b_tail=True, block_n=160, b_major="N"), dict()])
