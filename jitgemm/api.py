@@ -32,8 +32,6 @@ from .config import KernelConfig
 from .heuristics import DeviceSpec
 from .problem import MAX_OUTPUT_ELEMENTS, Problem
 
-PLAN_CACHE_SIZE = 1024
-
 
 class FallbackCopyWarning(UserWarning):
     """An argument's layout cannot be read or written by TMA in place, so jitgemm copies it
@@ -174,7 +172,13 @@ def _operand_major(view: View) -> tuple:
 
 
 def _output_ready(view: View) -> bool:
-    return (view.strides[1] == 1 or view.shape[1] == 1) and view.tma_ready(1)
+    return view.strides is not None and (view.strides[1] == 1 or view.shape[1] == 1) and view.tma_ready(1)
+
+
+def _copy_reason(view: View) -> str:
+    if view.strides is None:
+        return "has leading dimensions that do not fold into rows of one stride, and is copied"
+    return "cannot be read by TMA in place and is copied"
 
 
 def _aligned(
@@ -251,56 +255,130 @@ class _Kernel:
     def launch(self, va: View, vb: View, vd: View, vc: View | None, alpha: float, beta: float) -> launch.KernelLaunch:
         maps = self.arch.tensor_maps(self.problem, self.lay, va, vb, vd, vc)
         return launch.KernelLaunch(
-            self.kernel, self.cfg, self.problem, maps, alpha, beta, self.grid, self.tiles, self.dev, self.stream
+            self.kernel,
+            self.cfg,
+            self.problem,
+            maps,
+            alpha,
+            beta,
+            self.grid,
+            self.tiles,
+            self.dev,
+            self.stream,
+            self.arch.map_operands(self.lay, vc is not None),
         )
 
 
 # --------------------------------------------------------------------------------------------
-# the call-plan cache of the CuPy / torch fast path
+# the lean path: problems seen before, with any arrays
 # --------------------------------------------------------------------------------------------
-class _Plan:
-    """Everything a repeated call with the same arrays (pointers, shapes, strides, dtypes,
-    device), scalars and stream needs: the launch, or, when gemm allocates the result, one
-    launch per result address the allocator hands out."""
+PLAN_CACHE_SIZE = 4096
+ADDRESS_LIMIT = 1 << 64
+_MISALIGNED = TMA_ALIGN - 1  # address bits TMA needs clear
 
-    __slots__ = ("lib", "kernel", "operands", "alpha", "beta", "dev", "shape", "odt", "fixed", "by_out")
+
+class _Plan:
+    """A problem seen before, for CuPy and torch arrays: everything about a call but the
+    arrays' addresses (the arrays' types, shapes, strides, dtypes and devices, the scalars,
+    out_dtype, config and stream, and whether out is c) keys it, and it holds the loaded
+    kernel's launch with its grid and packed parameters.
+
+    A call with new arrays (the usual case in a model) makes only the checks that depend on
+    the addresses, patches the addresses into the launch's tensor maps and launches. Those
+    checks are the general path's, or stricter: every address 16-byte aligned (else the
+    general path copies), the operand's bytes within the 64-bit address space, and `out` apart
+    from a, b and c (else the general path's exact overlap test decides, and raises or
+    copies). Anything the checks do not clear goes through the general path."""
+
+    __slots__ = (
+        "lib",
+        "call",
+        "lock",
+        "dev",
+        "stream",
+        "out_shape",
+        "odt",
+        "out_given",
+        "c_given",
+        "uses_c",
+        "out_is_c",
+        "spans",
+        "last",
+        "last_a",
+        "last_b",
+    )
 
     def __init__(
-        self, lib, kernel: _Kernel, operands: tuple, alpha: float, beta: float, fixed: launch.KernelLaunch | None
+        self,
+        lib,
+        call: launch.KernelLaunch,
+        dev: int,
+        stream: int,
+        out_shape: tuple,
+        odt: str,
+        views: tuple,
+        uses_c: bool,
     ):
-        self.lib, self.kernel, self.operands = lib, kernel, operands  # the views of a, b and c
-        self.alpha, self.beta = alpha, beta
-        self.dev = kernel.dev
-        self.shape = (kernel.problem.m, kernel.problem.n)
-        self.odt = kernel.problem.out_dtype
-        self.fixed = fixed  # the launch when the caller passes out
-        self.by_out: dict = {}
+        va, vb, vo, vc = views  # vo and vc as the caller passed them (None when not given)
+        self.lib, self.call, self.lock = lib, call, threading.Lock()
+        self.dev, self.stream, self.out_shape, self.odt = dev, stream, out_shape, odt
+        self.out_given, self.c_given, self.uses_c = vo is not None, vc is not None, uses_c
+        self.out_is_c = vo is not None and vc is not None and vo.same_memory(vc)
+        self.spans = tuple(0 if v is None else v.span() for v in views)
+        self.last = tuple(ADDRESS_LIMIT - span for span in self.spans)  # the highest base address
+        self.last_a, self.last_b = self.last[:2]
 
-    def run(self, out, explicit_stream: bool):
-        if out is not None:
-            assert self.fixed is not None  # a plan of calls with out has their launch
-            self.fixed()
-            return out
-        lib, stream = self.lib, self.kernel.stream
-        if explicit_stream and lib.current_stream(self.dev) != stream:
-            with lib.stream_scope(stream, self.dev):
-                out = lib.empty(self.shape, self.odt, self.dev, stream)
-        else:
-            out = lib.empty(self.shape, self.odt, self.dev, stream)
-        ptr = lib.data_ptr(out)
-        call = self.by_out.get(ptr)
-        if call is None:
-            if ptr % TMA_ALIGN:
+    def run(self, pa: int, pb: int, out, po: int, pc: int, explicit_stream: bool):
+        """The result, or None when the addresses need the general path."""
+        if (pa | pb) & _MISALIGNED or pa > self.last_a or pb > self.last_b:
+            return None
+        if (self.out_given or self.c_given) and not self._out_and_c_clear(pa, pb, po, pc):
+            return None
+        if out is None:
+            lib, stream = self.lib, self.stream
+            if explicit_stream and lib.current_stream(self.dev) != stream:
+                with lib.stream_scope(stream, self.dev):
+                    out = lib.empty(self.out_shape, self.odt, self.dev, stream)
+            else:
+                out = lib.empty(self.out_shape, self.odt, self.dev, stream)
+            po = lib.data_ptr(out)
+            if po & _MISALIGNED:
                 return None  # an unusual allocation: let the general path handle it
-            if len(self.by_out) >= 16:
-                self.by_out.clear()
-            va, vb, vc = self.operands
-            call = self.by_out[ptr] = self.kernel.launch(va, vb, lib.view(out, "out"), vc, self.alpha, self.beta)
-        call()
+        lock = self.lock
+        lock.acquire()  # one launch object: patched and queued by one thread at a time
+        try:
+            self.call.launch_at(pa, pb, po, pc)
+        finally:
+            lock.release()
         return out
+
+    def _out_and_c_clear(self, pa: int, pb: int, po: int, pc: int) -> bool:
+        """The address checks of a given out and c: aligned where the kernel reads them, within
+        the address space, out apart from a, b and (unless it is c) c."""
+        last, spans = self.last, self.spans
+        if self.c_given and (pc > last[3] or (self.uses_c and pc & _MISALIGNED)):
+            return False
+        if not self.out_given:
+            return True
+        span = spans[2]
+        return not (
+            po & _MISALIGNED
+            or po > last[2]
+            or not (po + span <= pa or pa + spans[0] <= po)
+            or not (po + span <= pb or pb + spans[1] <= po)
+            or (self.c_given and not self.out_is_c and not (po + span <= pc or pc + spans[3] <= po))
+        )
 
 
 _plans: dict = {}
+_plans_lock = threading.Lock()
+
+
+def _remember(key, plan: _Plan) -> None:
+    with _plans_lock:
+        if key not in _plans and len(_plans) >= PLAN_CACHE_SIZE:
+            del _plans[next(iter(_plans))]  # the oldest
+        _plans[key] = plan
 
 
 def gemm(
@@ -312,7 +390,7 @@ def gemm(
 
     Parameters
     ----------
-    a : array, shape (M, K), bfloat16 or float16
+    a : array, shape (M, K) or (..., K), bfloat16 or float16
         A CuPy array, a PyTorch CUDA tensor, any object with ``__cuda_array_interface__``
         (version 3; its ``stream`` is waited for) or ``__dlpack__`` (JAX, Numba, ...), or a NumPy
         host array (then every array argument must be NumPy: they are copied to the current
@@ -321,17 +399,21 @@ def gemm(
         allows it (16-byte aligned base address and leading stride, unit inner stride, rows of
         whole 16-byte units); other layouts are copied into an aligned buffer, with a one-time
         :class:`FallbackCopyWarning` naming the argument. Zero (broadcast) and negative strides
-        raise ValueError.
+        raise ValueError. An N-D `a` (..., K), such as activations (batch, seq, hidden) as
+        ``F.linear`` takes them, is computed as one (M, K) matrix of M = prod(...) rows: read in
+        place when its leading dimensions step through memory with one stride (a row-major
+        array or padded rows; also a (..., K) view of a contiguous (K, ...) array), otherwise
+        copied (with the one-time warning). The result then has shape (..., N).
     b : array, shape (K, N)
-        Same dtype, kind (device or host) and device as `a`; same layout rules.
-    out : array, shape (M, N), optional
+        Same dtype, kind (device or host) and device as `a`; same layout rules; 2-D.
+    out : array, shape (M, N) or (..., N) (`a`'s leading dimensions), optional
         Written in place and returned. Its dtype is the input dtype or float32 (and must equal
         `out_dtype` when that is given). It may be `c` itself (in-place accumulation,
         ``out=c``) but must not overlap `a` or `b`, nor overlap `c` other than being exactly
-        `c`. A layout TMA cannot store to (not row-major, misaligned, or rows not whole 16-byte
-        units) is written through an aligned buffer and copied in, with a one-time
-        :class:`FallbackCopyWarning`.
-    c : array, shape (M, N), optional (keyword-only)
+        `c`. A layout TMA cannot store to (not row-major, misaligned, rows not whole 16-byte
+        units, or leading dimensions that do not fold into rows of one stride) is written
+        through an aligned buffer and copied in, with a one-time :class:`FallbackCopyWarning`.
+    c : array, shape (M, N) or (..., N), optional (keyword-only)
         The addend, in the output dtype, on the same device as `a`. It is read by the kernel
         (row-major, TMA-aligned; other layouts are copied first, with a one-time warning).
         With ``beta == 0`` it is not read (BLAS convention: NaNs in `c` do not propagate).
@@ -359,9 +441,10 @@ def gemm(
 
     Returns
     -------
-    `out` when given; otherwise a new (M, N) array of `a`'s library on `a`'s device: a CuPy
-    array, a torch tensor, a NumPy array, an array of `a`'s ``__array_namespace__()`` (JAX,
-    ...) made with its ``from_dlpack``, or else a :class:`jitgemm.DeviceArray`
+    `out` when given; otherwise a new (M, N) array ((..., N) for an N-D `a`) of `a`'s library
+    on `a`'s device: a CuPy array, a torch tensor, a NumPy array, an array of `a`'s
+    ``__array_namespace__()`` (JAX, ...) made with its ``from_dlpack``, or else a
+    :class:`jitgemm.DeviceArray`
     (``__cuda_array_interface__`` and ``__dlpack__``). Zero-size M or N returns an empty
     result without a launch; K = 0 returns zeros, or ``beta * c``, without a GEMM launch.
 
@@ -377,29 +460,43 @@ def gemm(
         When the stream is capturing a CUDA graph and the kernel is not loaded yet (run the
         call once before capturing).
 
-    Calls with the same arrays (pointers, shapes, strides), scalars and stream reuse their TMA
-    descriptors and launch configuration; the kernel is compiled once per configuration and
-    process (and cached on disk), also when many threads ask for it at once.
+    A call whose problem was seen before (the arrays' shapes, strides, dtypes and device, the
+    scalars, out_dtype, config and stream; CuPy and torch arrays), with the same arrays or new
+    ones, reuses its kernel, launch geometry and TMA descriptors, patching only the arrays'
+    addresses; the kernel is compiled once per configuration and process (and cached on
+    disk), also when many threads ask for it at once.
     """
     lib = lib_of(a)
-    if lib is not None and lib.fast and (dev := lib.device_of(a)) >= 0:
+    if lib is not None and lib.fast:
+        plan = None
         try:
-            key = (
-                lib.key(a),
-                lib.key(b),
-                None if out is None else lib.key(out),
-                None if c is None else lib.key(c),
-                alpha,
-                beta,
-                out_dtype,
-                config,
-                lib.current_stream(dev) if stream is None else _stream_handle(stream),
-            )
-            plan = _plans.get(key)
+            ka, pa = lib.parts(a)
+            dev = ka[-1]
+            if dev < 0:
+                key = None  # not a device array: the general path says what is wrong
+            else:
+                kb, pb = lib.parts(b)
+                ko, po = (None, 0) if out is None else lib.parts(out)
+                kc, pc = (None, 0) if c is None else lib.parts(c)
+                key = (
+                    ka,
+                    kb,
+                    ko,
+                    kc,
+                    po == pc,
+                    alpha.__class__,
+                    alpha,
+                    beta.__class__,
+                    beta,
+                    out_dtype,
+                    config,
+                    lib.current_stream(dev) if stream is None else _stream_handle(stream),
+                )
+                plan = _plans.get(key)
         except (AttributeError, TypeError):  # mixed kinds of arrays, odd arguments: the general path
-            key, plan = None, None
+            key = None
         if plan is not None:
-            result = plan.run(out, stream is not None)
+            result = plan.run(pa, pb, out, po, pc, stream is not None)
             if result is not None:
                 return result
         return _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, key)
@@ -430,25 +527,30 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
     if va.dtype not in ("bf16", "fp16"):
         raise TypeError(f"a: expected dtype bfloat16 or float16, got {NUMPY_NAMES[va.dtype]}")
     vb = _describe_like(b, "b", va, consumer)
+    if vb.nd is not None:
+        raise ValueError(f"b: expected a 2-D array (K, N), got {len(vb.full_shape)}-D with shape {vb.full_shape}")
     if vb.dtype != va.dtype:
         raise TypeError(f"b: expected dtype {NUMPY_NAMES[va.dtype]} (the dtype of a), got {NUMPY_NAMES[vb.dtype]}")
     (m, k), (kb, n) = va.shape, vb.shape
     if kb != k:
         raise ValueError(
             f"b: expected shape ({k}, N) so that its rows match the {k} columns of a "
-            f"(a has shape {va.shape}), got shape {vb.shape}"
+            f"(a has shape {va.full_shape}), got shape {vb.shape}"
         )
     if m * n > MAX_OUTPUT_ELEMENTS:
         raise ValueError(
-            f"b: a {va.shape} @ b {vb.shape} has {m * n} output elements, more than the "
+            f"b: a {va.full_shape} @ b {vb.shape} has {m * n} output elements, more than the "
             f"{MAX_OUTPUT_ELEMENTS} (2^40) the kernels can count in 32-bit tiles"
         )
     odt = _out_dtype_name(out_dtype, va.dtype)
+    # The result's shape: (M, N), or (..., N) for an N-D a (..., K).
+    out_shape = (*va.full_shape[:-1], n)
+    rows = "rows of a" if va.nd is None else "the leading dimensions of a"
     vo = None
     if out is not None:
         vo = _describe_like(out, "out", va, consumer)
-        if vo.shape != (m, n):
-            raise ValueError(f"out: expected shape {(m, n)} (rows of a, columns of b), got {vo.shape}")
+        if vo.full_shape != out_shape:
+            raise ValueError(f"out: expected shape {out_shape} ({rows}, columns of b), got {vo.full_shape}")
         if out_dtype is not None and vo.dtype != odt:
             raise TypeError(f"out: expected dtype {NUMPY_NAMES[odt]} (out_dtype), got {NUMPY_NAMES[vo.dtype]}")
         if vo.dtype not in (va.dtype, "fp32"):
@@ -461,8 +563,8 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
     vc = None
     if c is not None:
         vc = _describe_like(c, "c", va, consumer)
-        if vc.shape != (m, n):
-            raise ValueError(f"c: expected shape {(m, n)} (rows of a, columns of b), got {vc.shape}")
+        if vc.full_shape != out_shape:
+            raise ValueError(f"c: expected shape {out_shape} ({rows}, columns of b), got {vc.full_shape}")
         if vc.dtype != odt:
             raise TypeError(f"c: expected dtype {NUMPY_NAMES[odt]} (the output dtype), got {NUMPY_NAMES[vc.dtype]}")
     if vo is not None:
@@ -489,7 +591,7 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
     va, vb, vo, vc = views["a"], views["b"], views.get("out"), views.get("c")
 
     if va.is_host:
-        return _gemm_host(va, vb, vo, vc, m, n, k, odt, alpha, beta, explicit, config)
+        return _gemm_host(va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, explicit, config)
     if dev is None:  # only empty raw arrays: no memory anywhere to say which device
         dev = context.current_device()
     # Layouts, copies and the kernel configuration are decided (and a bad config rejected)
@@ -505,7 +607,7 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
         for _, v in named:
             if v.stream is not None and v.stream != handle:
                 stream_wait(handle, v.stream, dev)
-        return _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, handle, plan_key)
+        return _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decision, dev, handle, plan_key)
 
 
 class _Decision:
@@ -551,11 +653,11 @@ def _describe_like(obj, argname: str, va: View, stream: int) -> View:
     return view
 
 
-def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, handle, plan_key):
+def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decision, dev, handle, plan_key):
     lib = va.lib
     out_given = vo is not None
     if not out_given:
-        vo = lib.view(lib.empty((m, n), odt, dev, handle), "out")
+        vo = lib.view(lib.empty(out_shape, odt, dev, handle), "out")
     # A result of another library is made from ours only once the work on it is queued.
     result = (lambda: vo.array) if out_given else (lambda: lib.result(vo.array, a))
     if decision is None:
@@ -569,14 +671,14 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, ha
     d = decision
     kern = _Kernel(d.problem, d.cfg, dev, handle)
     if d.a_copy:
-        _warn_copy("a", "cannot be read by TMA in place and is copied")
+        _warn_copy("a", _copy_reason(va))
         va = _copy_in(va, d.a_major, "a", dev, handle)
     if d.b_copy:
-        _warn_copy("b", "cannot be read by TMA in place and is copied")
+        _warn_copy("b", _copy_reason(vb))
         vb = _copy_in(vb, d.b_major, "b", dev, handle)
     vc_k = vc if d.has_c else None
     if d.c_copy:
-        _warn_copy("c", "cannot be read by TMA in place and is copied")
+        _warn_copy("c", _copy_reason(vc))
         vc_k = _copy_in(vc, 1, "c", dev, handle)
     if _output_ready(vo):
         vd = vo
@@ -584,7 +686,12 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, ha
         vd = vc_k  # out=c: accumulate in the aligned copy of c, then copy back
     else:
         if out_given:
-            _warn_copy("out", "cannot be written by TMA in place; the result is copied into it")
+            _warn_copy(
+                "out",
+                "cannot be written by TMA in place"
+                + (" (its leading dimensions do not fold into rows of one stride)" if vo.strides is None else "")
+                + "; the result is copied into it",
+            )
         vd = _aligned(vo.lib, m, n, 1, odt, dev, handle, "out", zero=False)
     call = kern.launch(va, vb, vd, vc_k, alpha, beta)
     call()
@@ -594,22 +701,18 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, odt, alpha, beta, decision, dev, ha
         plan_key is not None
         and not (d.a_copy or d.b_copy or d.c_copy)
         and lib.fast
-        and all(v.lib is lib for v in (va, vb, vc_k, vo) if v is not None)
+        and all(v.lib is lib for v in (va, vb, vc, vo) if v is not None)
     ):
-        if len(_plans) >= PLAN_CACHE_SIZE:
-            _plans.clear()
-        plan = _Plan(lib, kern, (va, vb, vc_k), alpha, beta, call if out_given else None)
-        if not out_given:
-            plan.by_out[vo.ptr] = call
-        _plans[plan_key] = plan
+        operands = (va, vb, vo if out_given else None, vc)
+        _remember(plan_key, _Plan(lib, call, dev, handle, out_shape, odt, operands, d.has_c))
     return result()
 
 
-def _gemm_host(va, vb, vo, vc, m, n, k, odt, alpha, beta, explicit, config):
+def _gemm_host(va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, explicit, config):
     """NumPy in, NumPy out: upload aligned copies, compute on the current GPU, download."""
     lib = va.lib
     if vo is None:
-        vo = lib.view(lib.empty((m, n), odt, HOST, None), "out")
+        vo = lib.view(lib.empty(out_shape, odt, HOST, None), "out")
     if m == 0 or n == 0:
         return vo.array
     if k == 0:  # a @ b is all zeros
@@ -643,6 +746,8 @@ def _upload(view: View, major: int, dev: int, stream: int, staged: list) -> View
     """A zero-padded device copy of host `view`, `major` innermost, as a View."""
     rows, cols = view.shape
     array: np.ndarray = view.array  # type: ignore[assignment]  # a host view holds a NumPy array
+    if view.nd is not None:
+        array = array.reshape(rows, cols)  # a view where the leading dimensions fold, else a copy
     host = array if major == 1 else array.T
     pad = TMA_ALIGN // view.itemsize
     staging = np.zeros((host.shape[0], -(-host.shape[1] // pad) * pad), host.dtype)

@@ -4,6 +4,7 @@ primary context."""
 
 from __future__ import annotations
 
+import array
 import ctypes
 import threading
 
@@ -248,21 +249,71 @@ class _relaxed_capture_mode:
 _graph_workspaces = _GraphWorkspaces()
 
 
+MAP_BYTES = 128  # a CUtensorMap
+MAP_ALIGN = 64  # the driver's alignment of a CUtensorMap
+_WORDS_PER_MAP = MAP_BYTES // 8
+
+
+def _replace_address(tmap, address: int) -> None:
+    """Point tensor map `tmap` (a CUtensorMap over jitgemm's own storage) at `address`."""
+    err = driver.cuTensorMapReplaceAddress(tmap, address)[0]
+    if err != driver.CUresult.CUDA_SUCCESS:
+        runtime.check((err,), f"cuTensorMapReplaceAddress({address:#x})")
+
+
+def _address_is_first_word(words: memoryview, maps: list) -> bool:
+    """Whether the driver's cuTensorMapReplaceAddress changes exactly the first 8 bytes of each
+    of these descriptors, to the new address (little-endian), so that a call can write the
+    address itself. Asked of the driver on every descriptor, with two addresses; any
+    difference, or any error, leaves the driver call in charge. The descriptors are restored."""
+    try:
+        for i, tmap in enumerate(maps):
+            first = i * _WORDS_PER_MAP
+            saved = words[first : first + _WORDS_PER_MAP].tolist()
+            try:
+                for delta in (16, (1 << 32) + 48):
+                    address = saved[0] + delta
+                    _replace_address(tmap, address)
+                    by_driver = words[first : first + _WORDS_PER_MAP].tolist()
+                    if by_driver != [address] + saved[1:]:
+                        return False
+            finally:
+                words[first : first + _WORDS_PER_MAP] = memoryview(array.array("Q", saved))
+    except Exception:  # any driver error: the driver call stays in charge
+        return False
+    return True
+
+
 class KernelLaunch:
     """One kernel launch with its parameters packed once: the tensor maps (`arch.tensor_maps`
-    order), M, N, K, alpha, beta, and for split-K the workspace and tile-counter pointers
-    (filled in at each call: a stream's workspace can grow between calls) and the split count.
-    Calling it launches on `stream` in the device's primary context."""
+    order, copied into the launch's own storage), M, N, K, alpha, beta, and for split-K the
+    workspace and tile-counter pointers (filled in at each call: a stream's workspace can grow
+    between calls) and the split count. Calling it launches on `stream` in the device's primary
+    context.
+
+    `launch_at` (`repoint`, then launch) gives the maps new global addresses: a problem seen
+    before with new arrays reuses the launch (kernel, grid, every other descriptor field) and
+    patches only the addresses: written directly where the driver is seen to keep a map's
+    address in its first word (`_address_is_first_word`, asked once per launch), else by
+    cuTensorMapReplaceAddress. The driver copies the parameters when a launch is queued, so
+    patching after a launch never touches one already queued; callers sharing one launch
+    across threads hold a lock from `launch_at` until it returns."""
 
     __slots__ = (
         "kernel",
         "cfg",
-        "maps",
         "grid",
         "tiles",
         "device",
         "stream",
         "ctx",
+        "ctx_handle",
+        "storage",
+        "words",
+        "maps",
+        "roles",
+        "words_of_roles",
+        "direct",
         "ints",
         "floats",
         "pointers",
@@ -284,15 +335,37 @@ class KernelLaunch:
         tiles: int,
         device: int,
         stream: int,
+        roles: tuple = (),
     ):
-        """`tiles`: the CTA tiles of one K split (the split-K workspace holds a partial of each)."""
-        self.kernel, self.cfg, self.maps = kernel, cfg, maps
+        """`tiles`: the CTA tiles of one K split (the split-K workspace holds a partial of each).
+        `roles`: for each map, the index of the operand it addresses in `repoint`'s arguments
+        (a, b, d, c); needed only by `repoint`."""
+        self.kernel, self.cfg = kernel, cfg
         self.grid, self.tiles, self.device, self.stream = grid, tiles, device, stream
         self.ctx = context.primary(device)
+        self.ctx_handle = int(self.ctx)
+        # The maps, copied into storage of the launch's own (64-byte aligned), so that patching
+        # them never changes a descriptor another launch shares (runtime caches them).
+        self.storage = ctypes.create_string_buffer(len(maps) * MAP_BYTES + MAP_ALIGN)
+        base = ctypes.addressof(self.storage)
+        offset = -base % MAP_ALIGN
+        base += offset
+        for i, tmap in enumerate(maps):
+            ctypes.memmove(base + i * MAP_BYTES, int(tmap.getPtr()), MAP_BYTES)
+        self.words = memoryview(self.storage).cast("B")[offset : offset + len(maps) * MAP_BYTES].cast("Q")
+        addresses = [base + i * MAP_BYTES for i in range(len(maps))]
+        self.maps = [driver.CUtensorMap(_ptr=address) for address in addresses]  # views of the storage
+        if [int(t.getPtr()) for t in self.maps] != addresses:
+            raise RuntimeError("cuda.bindings' CUtensorMap(_ptr=...) did not wrap jitgemm's descriptor storage")
+        self.roles = tuple(roles)
+        self.words_of_roles = tuple((i * _WORDS_PER_MAP, role) for i, role in enumerate(self.roles))
+        # Whether repoint may write the addresses itself; asked of the driver now, in the
+        # device's context (the caller's), once per launch.
+        self.direct = bool(self.roles) and _address_is_first_word(self.words, self.maps)
         self.ints = (ctypes.c_int * 3)(problem.m, problem.n, problem.k)
         self.floats = (ctypes.c_float * 2)(alpha, beta)
         ints, floats = ctypes.addressof(self.ints), ctypes.addressof(self.floats)
-        args = [int(t.getPtr()) for t in maps] + [ints, ints + 4, ints + 8, floats, floats + 4]
+        args = addresses + [ints, ints + 4, ints + 8, floats, floats + 4]
         self.pointers = self.splits = None
         if cfg.split_k > 1:
             splits = geometry.num_splits(cfg, problem.k)
@@ -304,18 +377,56 @@ class KernelLaunch:
         self.address = ctypes.addressof(self.params)
         self.config = runtime.launch_config(kernel, grid, stream)
 
-    def __call__(self) -> None:
-        with context.current(self.ctx):
+    def repoint(self, a: int, b: int, d: int, c: int) -> None:
+        """Point each map at the operand its role names: a, b, d and c are addresses (c may be
+        0 when no map reads it). Each must be 16-byte aligned (TMA's rule; the caller checks).
+        Without direct writes this calls the driver: the device's context must be current
+        (`launch_at` makes it so)."""
+        operands = (a, b, d, c)
+        if self.direct:
+            words = self.words
+            for word, role in self.words_of_roles:
+                words[word] = operands[role]
+        else:
+            for tmap, role in zip(self.maps, self.roles):
+                _replace_address(tmap, operands[role])
+
+    def launch_at(self, a: int, b: int, d: int, c: int) -> None:
+        """`repoint` the maps at these addresses, then launch (in the device's context)."""
+        now = driver.cuCtxGetCurrent()[1]
+        if now is not None and int(now) == self.ctx_handle:
+            self.repoint(a, b, d, c)
             if self.pointers is None:
                 self._launch()
-            elif stream_is_capturing(self.stream):
-                self.pointers[:] = _graph_workspaces.ensure(self.device, self.stream, *self.workspace_bytes())
+            else:
+                self._dispatch()
+        else:
+            with context.current(self.ctx):
+                self.repoint(a, b, d, c)
+                self._dispatch()
+
+    def __call__(self) -> None:
+        now = driver.cuCtxGetCurrent()[1]
+        if now is not None and int(now) == self.ctx_handle:
+            if self.pointers is None:
                 self._launch()
             else:
-                ws = _workspace(self.device, self.stream)
-                with ws.lock:  # until the launch is queued: no other thread may grow the buffer
-                    self.pointers[:] = ws.ensure(*self.workspace_bytes(), self.stream)
-                    self._launch()
+                self._dispatch()
+        else:
+            with context.current(self.ctx):
+                self._dispatch()
+
+    def _dispatch(self) -> None:
+        if self.pointers is None:
+            self._launch()
+        elif stream_is_capturing(self.stream):
+            self.pointers[:] = _graph_workspaces.ensure(self.device, self.stream, *self.workspace_bytes())
+            self._launch()
+        else:
+            ws = _workspace(self.device, self.stream)
+            with ws.lock:  # until the launch is queued: no other thread may grow the buffer
+                self.pointers[:] = ws.ensure(*self.workspace_bytes(), self.stream)
+                self._launch()
 
     def workspace_bytes(self) -> tuple:
         """(partial bytes, counter bytes) of a split-K launch: an fp32 partial tile per split (whichever

@@ -252,6 +252,38 @@ BAD = [
         ["a:", "spans", "bytes"],
     ),
     ("b-past-2^64", lambda: base(b=dev((K, N), ptr=(1 << 64) - 64)), ValueError, ["b:", "64-bit address space"]),
+    # N-D a (..., K) with out and c (..., N) (issue 18, item 5); b stays 2-D
+    ("a-0d", lambda: base(a=dev(())), ValueError, ["a:", "2-D", "0-D"]),
+    ("b-3d-with-3d-a", lambda: base(a=dev((2, 32, K)), b=dev((1, K, N))), ValueError, ["b:", "2-D", "3-D"]),
+    (
+        "3d-a-inner-mismatch",
+        lambda: base(a=dev((2, 32, K)), b=dev((K + 1, N))),
+        ValueError,
+        ["b:", f"({K}, N)", f"(2, 32, {K})"],
+    ),
+    (
+        "3d-a-2d-out",
+        lambda: base(a=dev((2, 32, K)), out=dev((M, N))),
+        ValueError,
+        ["out:", f"(2, 32, {N})", "leading dimensions of a", f"({M}, {N})"],
+    ),
+    ("3d-a-2d-c", lambda: base(a=dev((2, 32, K)), c=dev((M, N))), ValueError, ["c:", f"(2, 32, {N})"]),
+    ("2d-a-3d-out", lambda: base(out=dev((1, M, N))), ValueError, ["out:", f"({M}, {N})", f"(1, {M}, {N})"]),
+    ("3d-a-other-batch-out", lambda: base(a=dev((2, 32, K)), out=dev((4, 16, N))), ValueError, ["out:"]),
+    (
+        "3d-a-rows-2^32",
+        lambda: base(a=dev((1 << 16, 1 << 16, 16), ptr=HUGE_PTR), b=dev((16, N))),
+        ValueError,
+        ["a:", "leading dimensions", "32-bit"],
+    ),
+    ("3d-out-overlaps-3d-a", lambda: base(**_nd_overlapping_out()), ValueError, ["out:", "overlaps a"]),
+    ("4d-a-broadcast", lambda: base(a=dev((2, 2, 16, K), strides=(0, 16 * K, K, 1))), ValueError, ["a:", "positive"]),
+    (
+        "numpy-3d-a-2d-out",
+        lambda: base(a=host((2, 32, K)), b=host((K, N)), out=host((M, N))),
+        ValueError,
+        ["out:", f"(2, 32, {N})"],
+    ),
     # non-native byte order: the bytes would be read as little-endian (issue 16)
     (
         "numpy-big-endian-a",
@@ -352,6 +384,13 @@ BAD = [
 ]
 
 
+def _nd_overlapping_out():
+    rows = K + N  # a (2, 32, K) and an out (2, 32, N) in the columns of one (2, 32, K + N) buffer
+    buf = dev((2, 32, rows))
+    strides = (32 * rows, rows, 1)
+    return {"a": buf.window(0, (2, 32, K), strides), "out": buf.window(K - 8, (2, 32, N), strides)}
+
+
 def _byte_strides(fake, strides):
     fake.__cuda_array_interface__["strides"] = strides
     return fake
@@ -405,6 +444,23 @@ GOOD = [
     ("stream-int", lambda: base(stream=7)),
     ("stream-protocol", lambda: base(stream=type("S", (), {"__cuda_stream__": lambda self: (0, 99)})())),
     ("config-that-fits", lambda: base(config=jitgemm.KernelConfig(dtype="fp16", out_dtype="fp16"))),
+    ("3d-a", lambda: base(a=dev((2, 32, K)))),
+    ("4d-a-out-c", lambda: base(a=dev((2, 2, 16, K)), out=dev((2, 2, 16, N), "fp32"), c=dev((2, 2, 16, N), "fp32"))),
+    ("3d-a-m-major", lambda: base(a=dev((2, 32, K), strides=(32, 1, M)))),
+    ("3d-a-padded-rows", lambda: base(a=dev((2, 32, K), strides=(32 * (K + 8), K + 8, 1)))),
+    ("3d-a-not-foldable", lambda: base(a=dev((2, 32, K), strides=(K, 2 * K, 1)))),
+    ("3d-a-size-1-any-stride", lambda: base(a=dev((1, M, K), strides=(0, K, 1)))),
+    ("3d-out-not-foldable", lambda: base(a=dev((2, 32, K)), out=dev((2, 32, N), strides=(N, 2 * N, 1)))),
+    ("3d-out-is-c", lambda: (lambda c: base(a=dev((2, 32, K)), out=c, c=c))(dev((2, 32, N)))),
+    (
+        "3d-disjoint-columns",
+        lambda: (
+            lambda buf: base(
+                a=buf.window(0, (2, 32, K), (32 * (K + N), K + N, 1)),
+                out=buf.window(K, (2, 32, N), (32 * (K + N), K + N, 1)),
+            )
+        )(dev((2, 32, K + N))),
+    ),
 ]
 
 

@@ -46,3 +46,6 @@ class Arch(Protocol):
 
     def tensor_maps(self, problem: Problem, lay, a, b, d, c) -> list:
         """The kernel's tensor-map parameters, in order, for operand views a, b, d and c (or None)."""
+
+    def map_operands(self, lay, has_c: bool) -> tuple:
+        """For each of tensor_maps' maps, the operand it addresses: an index into (a, b, d, c)."""

@@ -45,6 +45,11 @@ class Backend:
     def grid_size(self, cfg: KernelConfig, problem: Problem, num_sms: int) -> int:
         return geometry.persistent_grid(self.work_units(cfg, problem), cfg.cluster_size, num_sms)
 
+    def map_operands(self, lay, has_c: bool) -> tuple:
+        """The operand each of `tensor_maps`' maps addresses, in their order, as an index into
+        (a, b, d, c): a launch made once per problem re-points them at new arrays."""
+        return (0, 1, 2, 3) if has_c else (0, 1, 2)
+
     def tensor_maps(self, problem: Problem, lay, a, b, d, c) -> list:
         """map_a, map_b, map_d[, map_c] for Views a, b, d and c (or None)."""
         maps = [

@@ -1,4 +1,4 @@
-"""DeviceArray, the 2-D device array jitgemm returns for inputs whose library it cannot allocate
+"""DeviceArray, the row-major device array jitgemm returns for inputs whose library it cannot allocate
 in, and its DLPack export: the C structs of dlpack.h built with ctypes, in capsules.
 """
 
@@ -9,7 +9,7 @@ import ctypes
 import numpy as np
 
 from .memory import DeviceMemory, stream_wait
-from .views import LEGACY_STREAM, NUMPY_NAMES, numpy_dtype
+from .views import LEGACY_STREAM, NUMPY_NAMES, contiguous_strides, numpy_dtype
 
 # The C structs of dlpack.h
 DL_CUDA = 2  # kDLCUDA
@@ -108,12 +108,13 @@ def dlpack_capsule(array: DeviceArray, versioned: bool):
     kind = _VERSIONED if versioned else _LEGACY
     export = _Export()
     export.array = array
-    export.shape = (ctypes.c_int64 * 2)(*array.shape)
-    export.strides = (ctypes.c_int64 * 2)(*array.strides_elements)
+    ndim = len(array.shape)
+    export.shape = (ctypes.c_int64 * ndim)(*array.shape)
+    export.strides = (ctypes.c_int64 * ndim)(*array.strides_elements)
     managed = export.managed = kind.struct()
     code, bits = DL_DTYPES[array.dtype_name]
     managed.dl_tensor = DLTensor(
-        array.ptr, DLDevice(DL_CUDA, array.device), 2, DLDataType(code, bits, 1), export.shape, export.strides, 0
+        array.ptr, DLDevice(DL_CUDA, array.device), ndim, DLDataType(code, bits, 1), export.shape, export.strides, 0
     )
     managed.manager_ctx = id(export)
     managed.deleter = kind.deleter
@@ -128,8 +129,8 @@ def dlpack_capsule(array: DeviceArray, versioned: bool):
 
 
 class DeviceArray:
-    """A 2-D device array owned by jitgemm: the result type for inputs whose library jitgemm
-    cannot allocate in. Exposes ``__cuda_array_interface__`` (v3, naming the stream the result
+    """A row-major device array owned by jitgemm (2-D, or N-D as the result of an N-D `a`): the
+    result type for inputs whose library jitgemm cannot allocate in. Exposes ``__cuda_array_interface__`` (v3, naming the stream the result
     was computed on) and ``__dlpack__`` (bfloat16 included), so CuPy, PyTorch, JAX, Numba, ...
     adopt it without a copy (``cupy.asarray(r)``, ``torch.from_dlpack(r)``,
     ``jax.numpy.from_dlpack(r)``, ...)."""
@@ -137,8 +138,8 @@ class DeviceArray:
     def __init__(self, memory: DeviceMemory | None, shape: tuple, dtype: str, device: int, stream: int):
         self._memory = memory
         self.ptr = memory.ptr if memory is not None else 0
-        self.shape = shape
-        self.strides_elements = (shape[1], 1)
+        self.shape = tuple(shape)
+        self.strides_elements = contiguous_strides(self.shape)
         self.dtype_name = dtype
         self.device = device
         self.stream = stream

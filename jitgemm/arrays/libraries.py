@@ -7,6 +7,7 @@ DeviceArrays, converted with the input's ``__array_namespace__()`` when it has o
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 
@@ -15,15 +16,27 @@ from cuda.bindings import driver
 
 from .. import runtime
 from .dlpack import DeviceArray
-from .memory import DeviceMemory, copy_2d
-from .views import HOST, ITEMSIZE, View, checked_view, dtype_error, kernel_dtype, numpy_dtype
+from .memory import DeviceMemory, copy_2d, copy_nd
+from .views import (
+    HOST,
+    ITEMSIZE,
+    View,
+    checked_view,
+    contiguous_strides,
+    dtype_error,
+    fold_view,
+    kernel_dtype,
+    numpy_dtype,
+    split_strides,
+    strides_as,
+)
 
 
 class ArrayLib:
     """Allocation, copies and stream scoping in one array library."""
 
     name = "?"
-    fast = False  # a fast-path library: `key` identifies an operand for the call-plan cache
+    fast = False  # a lean-path library: `parts` describes an operand for the plans of api.gemm
 
     def view(self, array, argname: str) -> View:
         raise NotImplementedError
@@ -36,7 +49,10 @@ class ArrayLib:
         view = View(array, self, ptr, array.shape, strides, dtype, itemsize, device, None, readonly)
         return checked_view(view, argname, array.strides)
 
-    def key(self, array) -> tuple:
+    def parts(self, array) -> tuple:
+        """(key, address) of an operand of this library, for the lean path's plans: the key is
+        (type, shape, strides, dtype, device ordinal), the device last; AttributeError or
+        TypeError for an object that is not such an array."""
         raise NotImplementedError
 
     def data_ptr(self, array) -> int:
@@ -59,6 +75,21 @@ class ArrayLib:
         raise NotImplementedError
 
     def copy_(self, dst: View, src: View, stream: int) -> None:
+        raise NotImplementedError
+
+    def matched(self, dst: View, src: View) -> tuple:
+        """The arrays of `dst` and `src` (one full shape) with one shape: a 2-D one (a buffer
+        of jitgemm's) is seen with the other's N-D shape, its rows split, which is always a
+        view of the same memory."""
+        x, y = dst.array, src.array
+        if dst.nd is None and src.nd is not None:
+            x = self.split_rows(x, src.full_shape)
+        elif src.nd is None and dst.nd is not None:
+            y = self.split_rows(y, dst.full_shape)
+        return x, y
+
+    def split_rows(self, array, shape: tuple):
+        """2-D `array` seen with N-D `shape` (its rows split into shape[:-1]), without a copy."""
         raise NotImplementedError
 
     def scale_(self, dst: View, src: View, beta: float, stream: int) -> None:
@@ -90,8 +121,9 @@ class CupyLib(ArrayLib):
     def view(self, array, argname):
         return self._numpy_like_view(array, argname, array.data.ptr, array.data.device_id)
 
-    def key(self, array):
-        return (array.data.ptr, array.shape, array.strides, array.dtype, array.data.device_id)
+    def parts(self, array):
+        data = array.data
+        return (array.__class__, array.shape, array.strides, array.dtype, data.device_id), data.ptr
 
     def data_ptr(self, array):
         return array.data.ptr
@@ -116,8 +148,12 @@ class CupyLib(ArrayLib):
             return self.cp.zeros(shape, dtype=numpy_dtype(dtype))
 
     def copy_(self, dst, src, stream):
+        x, y = self.matched(dst, src)
         with self.cp.cuda.Device(dst.device):
-            dst.array[...] = src.array
+            x[...] = y
+
+    def split_rows(self, array, shape):
+        return self.cp.lib.stride_tricks.as_strided(array, shape, split_strides(array.strides, shape))
 
     def scale_(self, dst, src, beta, stream):
         with self.cp.cuda.Device(dst.device):
@@ -162,8 +198,8 @@ class TorchLib(ArrayLib):
         )
         return checked_view(view, argname)
 
-    def key(self, array):
-        return (array.data_ptr(), array.shape, array.stride(), array.dtype, array.get_device())
+    def parts(self, array):
+        return (array.__class__, array.shape, array.stride(), array.dtype, array.get_device()), array.data_ptr()
 
     def data_ptr(self, array):
         return array.data_ptr()
@@ -181,7 +217,11 @@ class TorchLib(ArrayLib):
         return self.torch.zeros(shape, dtype=self.torch_dtypes[dtype], device=self._device(device))
 
     def copy_(self, dst, src, stream):
-        dst.array.copy_(src.array)
+        x, y = self.matched(dst, src)
+        x.copy_(y)
+
+    def split_rows(self, array, shape):
+        return array.view(shape)
 
     def scale_(self, dst, src, beta, stream):
         self.torch.mul(src.array, beta, out=dst.array)
@@ -199,7 +239,11 @@ class HostLib(ArrayLib):
         return np.empty(shape, numpy_dtype(dtype))
 
     def copy_(self, dst, src, stream):
-        dst.array[...] = src.array
+        x, y = self.matched(dst, src)
+        x[...] = y
+
+    def split_rows(self, array, shape):
+        return np.lib.stride_tricks.as_strided(array, shape, split_strides(array.strides, shape))
 
     def scale_(self, dst, src, beta, stream):
         dst.array[...] = (src.array.astype(np.float32) * np.float32(beta)).astype(dst.array.dtype)
@@ -236,7 +280,7 @@ class GenericLib(ArrayLib):
     name = "cuda"
 
     def view(self, array, argname):
-        return View(
+        view = View(
             array,
             self,
             array.ptr,
@@ -247,17 +291,18 @@ class GenericLib(ArrayLib):
             array.device,
             None,
         )
+        return fold_view(view, argname)
 
     def stream_scope(self, handle, device):
         return contextlib.nullcontext()
 
     def empty(self, shape, dtype, device, stream):
-        nbytes = shape[0] * shape[1] * ITEMSIZE[dtype]
+        nbytes = math.prod(shape) * ITEMSIZE[dtype]
         return DeviceArray(DeviceMemory(nbytes, stream) if nbytes else None, tuple(shape), dtype, device, stream)
 
     def zeros(self, shape, dtype, device, stream):
         array = self.empty(shape, dtype, device, stream)
-        nbytes = shape[0] * shape[1] * ITEMSIZE[dtype]
+        nbytes = math.prod(shape) * ITEMSIZE[dtype]
         if nbytes:
             runtime.check(driver.cuMemsetD8Async(array.ptr, 0, nbytes, driver.CUstream(stream)), "cuMemsetD8Async")
         return array
@@ -271,7 +316,11 @@ class GenericLib(ArrayLib):
         )
 
     def copy_(self, dst, src, stream):
-        copy_2d(dst.ptr, dst.strides, src.ptr, src.strides, dst.shape, dst.itemsize, stream)
+        if dst.strides is not None and src.strides is not None:  # both (folded) 2-D: one copy
+            copy_2d(dst.ptr, dst.strides, src.ptr, src.strides, dst.shape, dst.itemsize, stream)
+            return
+        shape = dst.full_shape if dst.nd is not None else src.full_shape
+        copy_nd(dst.ptr, strides_as(dst, shape), src.ptr, strides_as(src, shape), shape, dst.itemsize, stream)
 
     def zero_(self, dst, stream):
         zeros = self.zeros(dst.shape, dst.dtype, dst.device, stream)
@@ -279,22 +328,13 @@ class GenericLib(ArrayLib):
 
     def scale_(self, dst, src, beta, stream):
         """Rare (K = 0 with beta not 0 or 1): through the host, synchronising `stream`."""
-        host = np.empty(src.shape, numpy_dtype(src.dtype))
-        copy_2d(
-            host.ctypes.data, (src.shape[1], 1), src.ptr, src.strides, src.shape, src.itemsize, stream, dst_host=True
-        )
+        shape = src.full_shape
+        host = np.empty(shape, numpy_dtype(src.dtype))
+        dense = contiguous_strides(shape)
+        copy_nd(host.ctypes.data, dense, src.ptr, strides_as(src, shape), shape, src.itemsize, stream, dst_host=True)
         runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
         scaled = (host.astype(np.float32) * np.float32(beta)).astype(host.dtype)
-        copy_2d(
-            dst.ptr,
-            dst.strides,
-            scaled.ctypes.data,
-            (scaled.shape[1], 1),
-            dst.shape,
-            dst.itemsize,
-            stream,
-            src_host=True,
-        )
+        copy_nd(dst.ptr, strides_as(dst, shape), scaled.ctypes.data, dense, shape, dst.itemsize, stream, src_host=True)
         runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
 
     def result(self, array, like):

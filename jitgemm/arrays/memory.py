@@ -4,6 +4,7 @@ allocations, strided 2-D copies, ordering one stream after another, and the devi
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 
@@ -106,6 +107,35 @@ def copy_2d(
         p.WidthInBytes = width
         p.Height = height
         runtime.check(driver.cuMemcpy2DAsync(p, driver.CUstream(stream)), "cuMemcpy2DAsync")
+
+
+def copy_nd(
+    dst_ptr: int,
+    dst_strides: tuple,
+    src_ptr: int,
+    src_strides: tuple,
+    shape: tuple,
+    itemsize: int,
+    stream: int,
+    dst_host: bool = False,
+    src_host: bool = False,
+) -> None:
+    """Copy an N-D strided array (strides in elements, shape of 2 or more dimensions): one
+    `copy_2d` of the last two dimensions per index of the others."""
+    for index in itertools.product(*(range(n) for n in shape[:-2])):
+        dst_offset = sum(i * s for i, s in zip(index, dst_strides)) * itemsize
+        src_offset = sum(i * s for i, s in zip(index, src_strides)) * itemsize
+        copy_2d(
+            dst_ptr + dst_offset,
+            tuple(dst_strides[-2:]),
+            src_ptr + src_offset,
+            tuple(src_strides[-2:]),
+            tuple(shape[-2:]),
+            itemsize,
+            stream,
+            dst_host,
+            src_host,
+        )
 
 
 def pointer_device(ptr: int) -> int:

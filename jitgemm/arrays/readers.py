@@ -18,7 +18,17 @@ import numpy as np
 
 from .libraries import GENERIC, lib_of
 from .memory import pointer_device
-from .views import ITEMSIZE, LEGACY_STREAM, UNRESOLVED, View, checked_view, dtype_error, kernel_dtype
+from .views import (
+    ITEMSIZE,
+    LEGACY_STREAM,
+    UNRESOLVED,
+    View,
+    checked_view,
+    contiguous_strides,
+    dtype_error,
+    kernel_dtype,
+    ndim_error,
+)
 
 
 def _has(obj, name: str) -> bool:
@@ -92,8 +102,8 @@ def _cai_view(obj, argname: str) -> View:
     else:
         raise dtype_error(argname, f"{typestr!r} (__cuda_array_interface__ typestr)")
     itemsize = ITEMSIZE[dtype]
-    if len(shape) != 2:
-        raise ValueError(f"{argname}: expected a 2-D array, got {len(shape)}-D with shape {shape}")
+    if len(shape) < 2:
+        raise ndim_error(argname, shape)
     data = cai["data"]
     if not (
         isinstance(data, (tuple, list))
@@ -109,7 +119,7 @@ def _cai_view(obj, argname: str) -> View:
         raise ValueError(f"{argname}: __cuda_array_interface__ pointer {ptr:#x} is not a 64-bit address")
     byte_strides = cai.get("strides")
     if byte_strides is None:
-        byte_strides = (shape[1] * itemsize, itemsize)
+        byte_strides = tuple(s * itemsize for s in contiguous_strides(shape))
     byte_strides = _ints(byte_strides, argname, "strides")
     if len(byte_strides) != len(shape):
         raise ValueError(
@@ -163,9 +173,9 @@ def _dlpack_view(obj, argname: str, stream: int) -> View:
         raise TypeError(f"{argname}: its DLPack export failed: {type(exc).__name__}: {exc}") from exc
     dtype = kernel_dtype(np.dtype(smv.dtype), argname)
     shape = tuple(smv.shape)
-    if len(shape) != 2:
-        raise ValueError(f"{argname}: expected a 2-D array, got {len(shape)}-D with shape {shape}")
-    strides = tuple(smv.strides) if smv.strides is not None else (shape[1], 1)
+    if len(shape) < 2:
+        raise ndim_error(argname, shape)
+    strides = tuple(smv.strides) if smv.strides is not None else contiguous_strides(shape)
     view = View(
         obj,
         GENERIC,

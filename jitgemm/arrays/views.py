@@ -1,11 +1,13 @@
 """Operand views: the uniform View (pointer, shape, strides in elements, dtype, device, producer
 stream) jitgemm makes of whatever the caller passed, the dtype, shape and stride checks every
-kind of array passes, and the exact test of whether two views share memory.
+kind of array passes, the folding of an N-D array's leading dimensions into rows, and the exact
+test of whether two views share memory.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,19 +31,25 @@ MAX_SPAN = 1 << 48  # bytes from an array's first to its last element: more than
 
 @dataclass(frozen=True)
 class View:
-    """A 2-D array as the kernel sees it. Strides are in elements."""
+    """A 2-D array as the kernel sees it. Strides are in elements.
+
+    An N-D array (..., X) is seen as (rows, X), its leading dimensions folded into rows: `nd`
+    holds its own shape and strides, `shape` the folded 2-D one, and `strides` the 2-D strides
+    when the leading dimensions step through memory with one stride (see `fold_rows`), else
+    None: such an array is copied (or, as an output, written through a copy)."""
 
     array: object
     lib: ArrayLib
     ptr: int
     shape: tuple
-    strides: tuple
+    strides: tuple | None  # None: an N-D array whose leading dimensions do not fold
     dtype: str
     itemsize: int
     device: int  # CUDA ordinal, HOST or UNRESOLVED
     stream: int | None = None  # producer stream to wait for (CUDA array interface), or None
     readonly: bool = False
     keepalive: object = None  # what must outlive the view (a DLPack export)
+    nd: tuple | None = None  # (shape, strides) of an array of more than 2 dimensions
 
     @property
     def is_host(self) -> bool:
@@ -51,8 +59,27 @@ class View:
     def size(self) -> int:
         return self.shape[0] * self.shape[1]
 
+    @property
+    def full_shape(self) -> tuple:
+        """The array's own shape (N-D arrays: before folding)."""
+        return tuple(self.nd[0]) if self.nd is not None else tuple(self.shape)
+
+    def geometry(self) -> tuple:
+        """(shape, strides) of the array itself (N-D arrays: before folding)."""
+        return self.nd if self.nd is not None else (self.shape, self.strides)
+
+    def span(self) -> int:
+        """Bytes from the first element to one past the last (positive strides; 0 when empty)."""
+        if self.size == 0:
+            return 0
+        shape, strides = self.geometry()
+        return sum((n - 1) * s for n, s in zip(shape, strides)) * self.itemsize + self.itemsize
+
     def major(self) -> int | None:
-        """Index of the unit-stride dimension (1 = row-major), or None if neither is unit-stride."""
+        """Index of the unit-stride dimension (1 = row-major), or None if neither is unit-stride
+        (or the leading dimensions of an N-D array do not fold)."""
+        if self.strides is None:
+            return None
         rows, cols = self.shape
         if self.strides[1] == 1 or cols == 1:
             return 1
@@ -68,6 +95,8 @@ class View:
         (and loads are treated the same way to be safe), so a ragged row end would write into,
         or read from, memory outside the array.
         """
+        if self.strides is None:
+            return False
         lead = self.leading_stride_bytes(major)
         return (
             self.ptr % TMA_ALIGN == 0
@@ -81,15 +110,17 @@ class View:
         other = 1 - major
         if self.shape[other] == 1:  # a single row: its stride is never used, pick a legal one
             return -(-self.shape[major] * self.itemsize // TMA_ALIGN) * TMA_ALIGN
+        assert self.strides is not None  # callers ask only of views with a unit-stride dimension
         return self.strides[other] * self.itemsize
 
     def same_memory(self, other: View) -> bool:
         """The same elements in the same layout (out=c for in-place accumulation)."""
+        (shape, strides), (other_shape, other_strides) = self.geometry(), other.geometry()
         return (
             self.ptr == other.ptr
-            and self.shape == other.shape
+            and tuple(shape) == tuple(other_shape)
             and self.itemsize == other.itemsize
-            and all(s == o or n == 1 for s, o, n in zip(self.strides, other.strides, self.shape))
+            and all(s == o or n == 1 for s, o, n in zip(strides, other_strides, shape))
         )
 
 
@@ -111,12 +142,13 @@ class _ArrayInterface:
 
 def _stand_in(v: View) -> np.ndarray:
     isz = v.itemsize
+    shape, strides = v.geometry()
     # the stride of a dimension of one element is never stepped (and may be anything)
-    strides = tuple(s * isz if n > 1 else 0 for s, n in zip(v.strides, v.shape))
+    strides = tuple(s * isz if n > 1 else 0 for s, n in zip(strides, shape))
     return np.asarray(
         _ArrayInterface(
             {
-                "shape": (v.shape[0], v.shape[1], isz),
+                "shape": (*shape, isz),
                 "typestr": "|u1",
                 "data": (v.ptr, True),
                 "strides": (*strides, 1),
@@ -152,11 +184,89 @@ def kernel_dtype(dtype: np.dtype, argname: str) -> str:
     return found
 
 
+def contiguous_strides(shape) -> tuple:
+    """Row-major (C-order) strides of `shape`, in elements."""
+    strides, step = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def fold_rows(shape, strides) -> int | None:
+    """The one stride with which the leading dimensions (all but the last) of an array step
+    through its rows in order, or None when there is none.
+
+    They fold when each dimension's stride is the next inner one's stride times that one's
+    size, dimensions of size 1 left out (their stride is never stepped): a row-major
+    (batch, seq, hidden) array folds with stride hidden, a (batch, seq, hidden) view of a
+    contiguous (hidden, batch, seq) array with stride 1; a permuted view like x.transpose(0, 1)
+    of a contiguous (seq, batch, hidden) array does not."""
+    row = step = None
+    for n, s in zip(reversed(shape[:-1]), reversed(strides[:-1])):
+        if n == 1:
+            continue
+        if row is None:
+            row = s
+        elif s != step:
+            return None
+        step = n * s
+    return row if row is not None else strides[-2]
+
+
+def strides_as(view: View, shape: tuple) -> tuple:
+    """The strides (elements) of `view`'s elements seen with shape `shape`, its own full shape:
+    an N-D view's own strides, or a 2-D view's rows split into the leading dimensions."""
+    if view.nd is not None:
+        return tuple(view.nd[1])
+    assert view.strides is not None
+    return split_strides(view.strides, shape)
+
+
+def split_strides(strides: tuple, shape: tuple) -> tuple:
+    """The strides of a 2-D array's elements, (row, column) `strides`, with its rows split into
+    the leading dimensions of `shape` (in the unit of `strides`)."""
+    row, col = strides
+    lead: list = []
+    for n in reversed(shape[:-1]):
+        lead.append(row)
+        row *= n
+    return (*reversed(lead), col)
+
+
+def fold_view(view: View, argname: str) -> View:
+    """`view` of an N-D array as (rows, last dimension); a 2-D view unchanged."""
+    shape, strides = tuple(view.shape), tuple(view.strides or ())
+    if len(shape) == 2:
+        return view
+    rows = math.prod(shape[:-1])
+    if rows > MAX_DIM:
+        raise ValueError(
+            f"{argname}: its leading dimensions {shape[:-1]} hold {rows} rows, more than the {MAX_DIM} "
+            f"the kernels can index (32-bit ints)"
+        )
+    if rows == 0 or shape[-1] == 0:  # no elements: any strides describe it
+        return replace(view, shape=(rows, shape[-1]), strides=(max(shape[-1], 1), 1), nd=(shape, strides))
+    row = fold_rows(shape, strides)
+    return replace(
+        view, shape=(rows, shape[-1]), strides=None if row is None else (row, strides[-1]), nd=(shape, strides)
+    )
+
+
+def ndim_error(argname: str, shape) -> ValueError:
+    return ValueError(
+        f"{argname}: expected a 2-D array (a, out and c may also be N-D: (..., K), (..., N)), "
+        f"got {len(shape)}-D with shape {tuple(shape)}"
+    )
+
+
 def checked_view(view: View, argname: str, byte_strides: tuple | None = None) -> View:
-    """Shape and stride checks shared by every kind of array."""
+    """Shape and stride checks shared by every kind of array; an N-D array (more than 2
+    dimensions) comes back folded (see View), and the caller decides whether it may be N-D."""
     shape = view.shape
-    if len(shape) != 2:
-        raise ValueError(f"{argname}: expected a 2-D array, got {len(shape)}-D with shape {tuple(shape)}")
+    if len(shape) < 2:
+        raise ndim_error(argname, shape)
+    assert view.strides is not None
     if byte_strides is not None and any(s % view.itemsize for s in byte_strides):
         raise ValueError(
             f"{argname}: strides must be multiples of the element size "
@@ -169,7 +279,7 @@ def checked_view(view: View, argname: str, byte_strides: tuple | None = None) ->
                 f"kernels can index (32-bit ints)"
             )
     if 0 in shape:
-        return view
+        return fold_view(view, argname)
     if any(s <= 0 and n > 1 for s, n in zip(view.strides, shape)):
         raise ValueError(
             f"{argname}: strides must be positive, got {tuple(view.strides)} (in elements) "
@@ -183,4 +293,4 @@ def checked_view(view: View, argname: str, byte_strides: tuple | None = None) ->
             f"from address {view.ptr:#x} spans {span} bytes, past what any device memory "
             f"holds ({MAX_SPAN} bytes) or the 64-bit address space"
         )
-    return view
+    return fold_view(view, argname)

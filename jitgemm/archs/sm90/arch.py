@@ -26,6 +26,10 @@ class Sm90(Backend):
     def pair_along(self, cfg: KernelConfig) -> str | None:
         return _PAIR_ALONG[layout.kernel_multicast(cfg)]
 
+    def map_operands(self, lay: layout.KernelLayout, has_c: bool) -> tuple:
+        roles = super().map_operands(lay, has_c)
+        return roles + (1,) if lay.b.tail is not None else roles
+
     def tensor_maps(self, problem: Problem, lay: layout.KernelLayout, a, b, d, c) -> list:
         """map_a, map_b, map_d[, map_c][, map_b_tail]: the narrow last columns of an N-major B
         tile have a map of their own."""
