@@ -205,14 +205,16 @@ def _copy_in(view: View, major: int, argname: str, dev: int, stream: int) -> Vie
 # --------------------------------------------------------------------------------------------
 def _config_for(problem: Problem, dev: int, config: KernelConfig | None) -> KernelConfig:
     """The config for `problem` on device `dev`: `config` (checked), else JITGEMM_CONFIG, else
-    the tuning file's entry (`jitgemm tune`), else the heuristics' choice (jitgemm.plan)."""
+    the tuning file's entry (`jitgemm tune`), else the dispatch table's (`jitgemm precompile`),
+    else the heuristics' choice (jitgemm.plan)."""
     # The device's name keys the tuning file: asked for only when the file has entries.
     return plan.choose(problem, device_spec(dev), lambda: runtime.device_info(dev).name, config)[0]
 
 
 def config_for(problem: Problem, device: int = 0) -> KernelConfig:
     """The config `gemm` runs for `problem` on GPU `device` when it is given none: from
-    JITGEMM_CONFIG, else the tuning file (`jitgemm tune`), else the heuristics.
+    JITGEMM_CONFIG, else the tuning file (`jitgemm tune`), else the dispatch table (`jitgemm
+    precompile`), else the heuristics.
 
     Raises TypeError / ValueError for a bad argument, :class:`jitgemm.NoGPUError` without a
     GPU or driver."""
@@ -437,7 +439,8 @@ def gemm(
         An expert override of the kernel configuration (see ``jitgemm explain``); it is checked
         against the problem and device and rejected with ValueError when it does not fit.
         Without it, the ``JITGEMM_CONFIG`` environment variable, then the tuning file
-        (``jitgemm tune``, see :mod:`jitgemm.tuning`), then the heuristics, decide.
+        (``jitgemm tune``, see :mod:`jitgemm.tuning`), then the dispatch table (written by
+        ``jitgemm precompile``, see :mod:`jitgemm.dispatch`), then the heuristics, decide.
 
     Returns
     -------
