@@ -1,7 +1,7 @@
 """Launch geometry, defined once: kernel coordinates, tile counts, 2-CTA pairs, K splits, the
 persistent grid, wave quantisation and the tile order (the L2 raster). The heuristics, the
-launch and the tests read these; the templates walk the same tiles (their scheduler: `tile_of`
-in each template, mirrored by `tile_order`).
+launch and the tests read these; the kernels walk the same tiles (their scheduler, shared by
+both archs' templates: `tile_of` in templates/common/scheduler.cuh, mirrored by `tile_order`).
 
 A problem D[M, N] runs in kernel coordinates (M, N), or (N, M) under `swap_ab` (D^T = B^T A^T).
 A 2-CTA cluster takes a pair of tiles that share one operand tile; a "work unit" is one K split
@@ -27,7 +27,7 @@ def kernel_shape(cfg: KernelConfig, m: int, n: int) -> tuple[int, int]:
 
 def cluster_tiles(tiles_m: int, tiles_n: int, pair_along: str | None) -> int:
     """Work items of one K split: tiles, or pairs of neighbouring tiles along kernel 'm' or 'n'
-    (an odd last one a pair by itself)."""
+    (an odd last one a pair by itself); the scheduler's `num_cluster_tiles`."""
     if pair_along == "m":
         tiles_m = ceil_div(tiles_m, 2)
     elif pair_along == "n":
@@ -98,17 +98,18 @@ def waves_of(tiles: int, slots: int) -> Waves:
 GROUP_SIZES = (8, 16)
 
 
-def tile_order(num_m: int, num_n: int, raster: str, group: int, pair: str = "none"):
+def tile_order(num_m: int, num_n: int, raster: str, group: int, pair_along: str | None = None):
     """Yield, in launch order, the (m_block, n_block) pairs of each *cluster tile*.
 
-    Mirrors the persistent scheduler of the templates: with `pair` "A" the two CTAs of a cluster
-    take neighbouring n blocks of one m block (they share the A tile), with "B" neighbouring m
-    blocks of one n block; cluster tiles are walked in groups of `group` cluster-rows
-    (raster "m") or cluster-columns (raster "n"). A peer past the edge recomputes the last block,
-    so it is reported as that block (what it loads). Each item is a tuple of 1 or 2 (m, n).
+    Mirrors the kernels' persistent scheduler, `tile_of` in templates/common/scheduler.cuh: with
+    `pair_along` "n" the two CTAs of a cluster take neighbouring n blocks of one m block (they
+    share the A tile), with "m" neighbouring m blocks of one n block (they share the B tile);
+    cluster tiles are walked in groups of `group` cluster-rows (raster "m") or cluster-columns
+    (raster "n"). A peer past the edge recomputes the last block, so it is reported as that block
+    (what it loads). Each item is a tuple of 1 or 2 (m, n).
     """
-    grid_m = ceil_div(num_m, 2) if pair == "B" else num_m
-    grid_n = ceil_div(num_n, 2) if pair == "A" else num_n
+    grid_m = ceil_div(num_m, 2) if pair_along == "m" else num_m
+    grid_n = ceil_div(num_n, 2) if pair_along == "n" else num_n
     total = grid_m * grid_n
     for t in range(total):
         if raster == "m":
@@ -123,9 +124,9 @@ def tile_order(num_m: int, num_n: int, raster: str, group: int, pair: str = "non
             cols = min(group, grid_n - first)
             cn = first + (t % per_group) % cols
             cm = (t % per_group) // cols
-        if pair == "A":
+        if pair_along == "n":
             yield tuple((cm, min(2 * cn + r, num_n - 1)) for r in (0, 1))
-        elif pair == "B":
+        elif pair_along == "m":
             yield tuple((min(2 * cm + r, num_m - 1), cn) for r in (0, 1))
         else:
             yield ((cm, cn),)
@@ -139,7 +140,7 @@ def raster_footprint(
     slots: int,
     raster: str,
     group: int,
-    pair: str = "none",
+    pair_along: str | None = None,
     max_waves: int = 16,
 ) -> float:
     """Mean L2 working set of one k-block, in operand rows+columns, over the waves of a walk.
@@ -152,7 +153,7 @@ def raster_footprint(
     sizes = []
     ms: set = set()
     ns: set = set()
-    for t, item in enumerate(tile_order(num_m, num_n, raster, group, pair)):
+    for t, item in enumerate(tile_order(num_m, num_n, raster, group, pair_along)):
         for m, n in item:
             ms.add(m)
             ns.add(n)
@@ -167,16 +168,16 @@ def raster_footprint(
 
 
 def choose_raster(
-    num_m: int, num_n: int, rows_per_m: int, cols_per_n: int, slots: int, pair: str = "none"
+    num_m: int, num_n: int, rows_per_m: int, cols_per_n: int, slots: int, pair_along: str | None = None
 ) -> tuple[str, int, float]:
     """(raster, group_size, footprint): the walk with the smallest L2 working set.
 
-    Groups of 8 or 16 along M or N are tried. Ties go to grouping along the multicast pair's
-    side (N for pair "A", else M, as DeepGEMM groups), then to the smaller group.
+    Groups of 8 or 16 along M or N are tried. Ties go to grouping along the pair's dimension
+    (N for pairs along N, else M, as DeepGEMM groups), then to the smaller group.
     """
-    preferred = ("n", "m") if pair == "A" else ("m", "n")
+    preferred = ("n", "m") if pair_along == "n" else ("m", "n")
     options = [
-        (raster, group, raster_footprint(num_m, num_n, rows_per_m, cols_per_n, slots, raster, group, pair))
+        (raster, group, raster_footprint(num_m, num_n, rows_per_m, cols_per_n, slots, raster, group, pair_along))
         for raster in preferred
         for group in GROUP_SIZES
     ]
