@@ -29,7 +29,15 @@ from __future__ import annotations
 
 import functools
 
-from jitgemm.archs.sm100.layout import MN_PIECE, TMEM_COLUMNS, UMMA_M, layout_of, smem_bytes, structural_problems
+from jitgemm.archs.sm100.layout import (
+    MN_PIECE,
+    TMEM_COLUMNS,
+    UMMA_M,
+    layout_of,
+    pair_along,
+    smem_bytes,
+    structural_problems,
+)
 from jitgemm.config import KernelConfig
 from jitgemm.geometry import ceil_div, choose_raster, covered_extent, round_up, waves_of
 from jitgemm.problem import DTYPE_BYTES, Problem
@@ -212,7 +220,7 @@ def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> Kern
         cfg.block_m,
         b_cols,
         device.num_sms // cfg.cluster_size,
-        "B" if cfg.cluster_size == 2 else "none",
+        pair_along(cfg),
     )
     return with_fields(cfg, raster=raster, group_size=group)
 

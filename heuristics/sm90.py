@@ -40,8 +40,8 @@ from jitgemm.archs.sm90.layout import (
     SMEM_CAPACITY,
     WGMMA_M,
     KernelLayout,
-    kernel_multicast,
     layout_of,
+    pair_along,
     splits_per_read,
     structural_problems,
 )
@@ -669,7 +669,7 @@ def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> Kern
     slots = max(1, device.num_sms // cfg.cluster_size // geometry.num_splits(cfg, problem.k))
     km, kn = kernel_shape(cfg, problem.m, problem.n)  # swap_ab tiles are in kernel coordinates
     raster, group, _ = choose_raster(
-        ceil_div(km, cfg.block_m), ceil_div(kn, cfg.block_n), cfg.block_m, b_box_of(cfg), slots, kernel_multicast(cfg)
+        ceil_div(km, cfg.block_m), ceil_div(kn, cfg.block_n), cfg.block_m, b_box_of(cfg), slots, pair_along(cfg)
     )
     return with_fields(cfg, raster=raster, group_size=group)
 

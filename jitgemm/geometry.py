@@ -1,7 +1,7 @@
 """Launch geometry, defined once: kernel coordinates, tile counts, 2-CTA pairs, K splits, the
 persistent grid, wave quantisation and the tile order (the L2 raster). The heuristics, the
-launch and the tests read these; the templates walk the same tiles (their scheduler: `tile_of`
-in each template, mirrored by `tile_order`).
+launch and the tests read these; the kernels walk the same tiles (their scheduler, shared by
+both archs' templates: `tile_of` in templates/common/scheduler.cuh, mirrored by `tile_order`).
 
 A problem D[M, N] runs in kernel coordinates (M, N), or (N, M) under `swap_ab` (D^T = B^T A^T).
 A 2-CTA cluster takes a pair of tiles that share one operand tile; a "work unit" is one K split
@@ -31,7 +31,7 @@ def kernel_shape(cfg: KernelConfig, m: int, n: int) -> tuple[int, int]:
 
 def cluster_tiles(tiles_m: int, tiles_n: int, pair_along: str | None) -> int:
     """Work items of one K split: tiles, or pairs of neighbouring tiles along kernel 'm' or 'n'
-    (an odd last one a pair by itself)."""
+    (an odd last one a pair by itself); the scheduler's `num_cluster_tiles`."""
     return cluster_units(tiles_m, tiles_n, pair_along == "m", pair_along == "n")
 
 
@@ -108,17 +108,18 @@ def waves_of(tiles, slots) -> Waves:
     return Waves(tiles, busy, waves, last)
 
 
-def tile_order(num_m: int, num_n: int, raster: str, group: int, pair: str = "none"):
+def tile_order(num_m: int, num_n: int, raster: str, group: int, pair_along: str | None = None):
     """Yield, in launch order, the (m_block, n_block) pairs of each *cluster tile*.
 
-    Mirrors the persistent scheduler of the templates: with `pair` "A" the two CTAs of a cluster
-    take neighbouring n blocks of one m block (they share the A tile), with "B" neighbouring m
-    blocks of one n block; cluster tiles are walked in groups of `group` cluster-rows
-    (raster "m") or cluster-columns (raster "n"). A peer past the edge recomputes the last block,
-    so it is reported as that block (what it loads). Each item is a tuple of 1 or 2 (m, n).
+    Mirrors the kernels' persistent scheduler, `tile_of` in templates/common/scheduler.cuh: with
+    `pair_along` "n" the two CTAs of a cluster take neighbouring n blocks of one m block (they
+    share the A tile), with "m" neighbouring m blocks of one n block (they share the B tile);
+    cluster tiles are walked in groups of `group` cluster-rows (raster "m") or cluster-columns
+    (raster "n"). A peer past the edge recomputes the last block, so it is reported as that block
+    (what it loads). Each item is a tuple of 1 or 2 (m, n).
     """
-    grid_m = ceil_div(num_m, 2) if pair == "B" else num_m
-    grid_n = ceil_div(num_n, 2) if pair == "A" else num_n
+    grid_m = ceil_div(num_m, 2) if pair_along == "m" else num_m
+    grid_n = ceil_div(num_n, 2) if pair_along == "n" else num_n
     total = grid_m * grid_n
     for t in range(total):
         if raster == "m":
@@ -133,9 +134,9 @@ def tile_order(num_m: int, num_n: int, raster: str, group: int, pair: str = "non
             cols = min(group, grid_n - first)
             cn = first + (t % per_group) % cols
             cm = (t % per_group) // cols
-        if pair == "A":
+        if pair_along == "n":
             yield tuple((cm, min(2 * cn + r, num_n - 1)) for r in (0, 1))
-        elif pair == "B":
+        elif pair_along == "m":
             yield tuple((min(2 * cm + r, num_m - 1), cn) for r in (0, 1))
         else:
             yield ((cm, cn),)
@@ -155,7 +156,7 @@ def raster_footprints(
     cols_per_n: int,
     slots: int,
     walks: list,
-    pair: str = "none",
+    pair_along: str | None = None,
     max_waves: int = 16,
 ) -> np.ndarray:
     """Mean L2 working set of one k-block, in operand rows+columns, over the waves of each walk
@@ -169,16 +170,16 @@ def raster_footprints(
     side they are the columns (raster "m") of its first and last group, or all of them.
     """
     slots = max(1, slots)
-    grid_m = ceil_div(num_m, 2) if pair == "B" else num_m
-    grid_n = ceil_div(num_n, 2) if pair == "A" else num_n
+    grid_m = ceil_div(num_m, 2) if pair_along == "m" else num_m
+    grid_n = ceil_div(num_n, 2) if pair_along == "n" else num_n
     total = grid_m * grid_n
     # One row per walk: "grouped" is the side the raster groups (m for raster "m"), "walked" the other.
     by_m = np.array([[raster == "m"] for raster, _ in walks])
     group = np.array([[g] for _, g in walks])
     grouped, walked = np.where(by_m, grid_m, grid_n), np.where(by_m, grid_n, grid_m)
     g_blocks, w_blocks = np.where(by_m, num_m, num_n), np.where(by_m, num_n, num_m)
-    g_paired = np.where(by_m, pair == "B", pair == "A")
-    w_paired = np.where(by_m, pair == "A", pair == "B")
+    g_paired = np.where(by_m, pair_along == "m", pair_along == "n")
+    w_paired = np.where(by_m, pair_along == "n", pair_along == "m")
     start = np.arange(min(ceil_div(total, slots), max_waves)) * slots
     last = np.minimum(start + slots, total) - 1  # the wave's last tile
     per_group = group * walked
@@ -220,12 +221,12 @@ def raster_footprint(
     slots: int,
     raster: str,
     group: int,
-    pair: str = "none",
+    pair_along: str | None = None,
     max_waves: int = 16,
 ) -> float:
     """The footprint (see `raster_footprints`) of one walk."""
     walks = [(raster, group)]
-    return float(raster_footprints(num_m, num_n, rows_per_m, cols_per_n, slots, walks, pair, max_waves)[0])
+    return float(raster_footprints(num_m, num_n, rows_per_m, cols_per_n, slots, walks, pair_along, max_waves)[0])
 
 
 # Raster groups `choose_raster` tries: this many cluster-rows or cluster-columns.
@@ -234,15 +235,15 @@ GROUP_SIZES = (8, 16)
 
 @functools.lru_cache(maxsize=4096)
 def choose_raster(
-    num_m: int, num_n: int, rows_per_m: int, cols_per_n: int, slots: int, pair: str = "none"
+    num_m: int, num_n: int, rows_per_m: int, cols_per_n: int, slots: int, pair_along: str | None = None
 ) -> tuple[str, int, float]:
     """(raster, group_size, footprint): the walk with the smallest L2 working set.
 
-    Groups of 8 or 16 along M or N are tried. Ties go to grouping along the multicast pair's
-    side (N for pair "A", else M, as DeepGEMM groups), then to the smaller group.
+    Groups of 8 or 16 along M or N are tried. Ties go to grouping along the pair's dimension
+    (N for pairs along N, else M, as DeepGEMM groups), then to the smaller group.
     """
-    preferred = ("n", "m") if pair == "A" else ("m", "n")
+    preferred = ("n", "m") if pair_along == "n" else ("m", "n")
     walks = [(raster, group) for raster in preferred for group in GROUP_SIZES]
-    footprints = raster_footprints(num_m, num_n, rows_per_m, cols_per_n, slots, walks, pair)
+    footprints = raster_footprints(num_m, num_n, rows_per_m, cols_per_n, slots, walks, pair_along)
     best = int(np.argmin(footprints))  # the first of equal footprints
     return walks[best][0], walks[best][1], float(footprints[best])

@@ -14,7 +14,7 @@ import pytest
 
 from jitgemm import geometry, heuristics
 from jitgemm import geometry as tiles
-from jitgemm.archs.sm90.layout import layout_of, structural_problems
+from jitgemm.archs.sm90.layout import layout_of, pair_along, structural_problems
 from jitgemm.config import KernelConfig
 from jitgemm.heuristics import DeviceSpec, check_config, config_from_env, cost, explain, rules, search, select, sm90
 from jitgemm.problem import LAYOUTS, Problem
@@ -1277,26 +1277,26 @@ def test_covered_extent():
     assert tiles.covered_extent(100, 16, 64) == sum(min(64, 100 - j * 16) for j in range(7))
 
 
-@pytest.mark.parametrize("pair", ["none", "A", "B"])
+@pytest.mark.parametrize("pair_along", [None, "n", "m"])
 @pytest.mark.parametrize("raster", ["m", "n"])
-def test_tile_order_visits_every_tile_once(pair, raster):
+def test_tile_order_visits_every_tile_once(pair_along, raster):
     num_m, num_n = 7, 5
     seen = []
-    for item in tiles.tile_order(num_m, num_n, raster, 3, pair):
+    for item in tiles.tile_order(num_m, num_n, raster, 3, pair_along):
         seen.extend(item)
-        if pair == "A":
+        if pair_along == "n":
             assert item[0][0] == item[1][0]  # same m block: they share A
-        if pair == "B":
+        if pair_along == "m":
             assert item[0][1] == item[1][1]  # same n block: they share B
     assert set(seen) == {(m, n) for m in range(num_m) for n in range(num_n)}
     dupes = len(seen) - num_m * num_n
-    assert dupes == {"none": 0, "A": num_m, "B": num_n}[pair]  # peers past the edge
+    assert dupes == {None: 0, "n": num_m, "m": num_n}[pair_along]  # peers past the edge
 
 
-def _walked_footprint(num_m, num_n, rows_per_m, cols_per_n, slots, raster, group, pair, max_waves=16):
+def _walked_footprint(num_m, num_n, rows_per_m, cols_per_n, slots, raster, group, pair_along, max_waves=16):
     """raster_footprint by walking `tile_order` tile by tile (the reference for the closed form)."""
     sizes, ms, ns = [], set(), set()
-    for t, item in enumerate(tiles.tile_order(num_m, num_n, raster, group, pair)):
+    for t, item in enumerate(tiles.tile_order(num_m, num_n, raster, group, pair_along)):
         for m, n in item:
             ms.add(m)
             ns.add(n)
@@ -1315,8 +1315,8 @@ def test_raster_footprint_in_closed_form_equals_walking_the_tiles():
     for _ in range(1500):
         num_m, num_n = rng.randint(1, 70), rng.randint(1, 70)
         slots = rng.choice([1, 2, 3, 7, 16, 33, 66, 132, rng.randint(1, 300)])
-        raster, group, pair = rng.choice("mn"), rng.choice([1, 2, 3, 8, 16]), rng.choice(["none", "A", "B"])
-        args = (num_m, num_n, 128, 256, slots, raster, group, pair)
+        raster, group, pair_along = rng.choice("mn"), rng.choice([1, 2, 3, 8, 16]), rng.choice([None, "m", "n"])
+        args = (num_m, num_n, 128, 256, slots, raster, group, pair_along)
         assert tiles.raster_footprint(*args) == _walked_footprint(*args), args
 
 
@@ -1336,7 +1336,7 @@ def test_choose_raster_minimises_the_working_set():
         cfg.block_m,
         b_box,
         H200.num_sms // cfg.cluster_size,
-        cfg.multicast,
+        pair_along(cfg),
     )
     assert (cfg.raster, cfg.group_size) == (r, g)
 

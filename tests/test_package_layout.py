@@ -89,3 +89,12 @@ def test_import_leaves_the_renderer_and_the_cli_for_later():
     code = "import sys, jitgemm; print(sorted(m for m in ('jinja2', 'click') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+def test_both_kernels_walk_their_tiles_with_the_one_scheduler():
+    # templates/common/scheduler.cuh is the one tile walk (jitgemm.geometry.tile_order mirrors
+    # it): each arch's template includes it rather than keep a copy.
+    for template in sorted((ROOT / "templates").glob("*/gemm.cu.j2")):
+        text = template.read_text()
+        assert '{% include "common/scheduler.cuh" %}' in text, template
+        assert "TileCoord tile_of(" not in text and "struct TileCoord" not in text, template

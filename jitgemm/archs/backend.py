@@ -12,7 +12,7 @@ from . import tma
 
 
 class Backend:
-    layout: ModuleType  # layout_of, structural_problems, KernelLayout
+    layout: ModuleType  # layout_of, structural_problems, pair_along, KernelLayout
     renderer: ModuleType  # render
 
     @property
@@ -30,8 +30,9 @@ class Backend:
         return self.renderer.render(cfg)
 
     def pair_along(self, cfg: KernelConfig) -> str | None:
-        """The kernel dimension ('m' or 'n') along which a 2-CTA cluster pairs its tiles."""
-        raise NotImplementedError
+        """The kernel dimension ('m' or 'n') along which a 2-CTA cluster pairs its tiles (None
+        for one CTA), as the template's scheduler pairs them."""
+        return self.layout.pair_along(cfg)
 
     def cluster_tiles(self, cfg: KernelConfig, m: int, n: int) -> int:
         km, kn = geometry.kernel_shape(cfg, m, n)

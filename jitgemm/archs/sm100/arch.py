@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ...config import KernelConfig
 from ...heuristics import sm100 as rules
 from ..backend import Backend
 from . import layout, render
@@ -17,10 +16,6 @@ class Sm100(Backend):
     rules = rules
     layout = layout
     renderer = render
-
-    def pair_along(self, cfg: KernelConfig) -> str | None:
-        """The 2-CTA MMA pairs neighbouring kernel-M tiles."""
-        return "m" if cfg.cluster_size == 2 else None
 
 
 ARCH = Sm100()

@@ -191,6 +191,12 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
     return out
 
 
+def pair_along(cfg: KernelConfig) -> str | None:
+    """The kernel dimension along which a 2-CTA cluster pairs neighbouring tiles: 'm' for the
+    2-CTA MMA (the pair shares the MMA-B tile), None for one CTA."""
+    return "m" if cfg.cluster_size == 2 else None
+
+
 def _pow2_at_least(x: int, floor: int = 32) -> int:
     p = floor
     while p < x:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ...config import KernelConfig
 from ...problem import DTYPE_BYTES
 from ...render import environment, kernel_name
-from .layout import KernelLayout, OperandLayout, layout_of
+from .layout import KernelLayout, OperandLayout, layout_of, pair_along
 
 TEMPLATE = "sm100/gemm.cu.j2"
 
@@ -59,6 +59,7 @@ def template_variables(cfg: KernelConfig, lay: KernelLayout | None = None) -> di
         "cfg": cfg,
         "lay": lay,
         "kernel_name": kernel_name(cfg),
+        "pair_along": pair_along(cfg),  # templates/common/scheduler.cuh
         "elem": DTYPE_BYTES[cfg.dtype],
         "out_elem": DTYPE_BYTES[cfg.out_dtype],
         "pack": {"bf16": "pack_bf16x2", "fp16": "pack_f16x2", "fp32": ""}[cfg.out_dtype],

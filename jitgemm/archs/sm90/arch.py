@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from ...config import KernelConfig
 from ...heuristics import sm90 as rules
 from ...problem import Problem
 from .. import tma
 from ..backend import Backend
 from . import layout, render
-
-# 2-CTA pairs share the kernel's A tile along kernel N, or its B tile along kernel M.
-_PAIR_ALONG = {"A": "n", "B": "m", "none": None}
 
 
 class Sm90(Backend):
@@ -22,9 +18,6 @@ class Sm90(Backend):
     rules = rules
     layout = layout
     renderer = render
-
-    def pair_along(self, cfg: KernelConfig) -> str | None:
-        return _PAIR_ALONG[layout.kernel_multicast(cfg)]
 
     def map_operands(self, lay: layout.KernelLayout, has_c: bool) -> tuple:
         roles = super().map_operands(lay, has_c)

@@ -178,6 +178,12 @@ def kernel_multicast(cfg: KernelConfig) -> str:
     return cfg.multicast
 
 
+def pair_along(cfg: KernelConfig) -> str | None:
+    """The kernel dimension ('m' or 'n') along which a 2-CTA cluster pairs neighbouring tiles:
+    'n' when the pair shares the kernel's A tile, 'm' when it shares its B tile; None for one CTA."""
+    return {"A": "n", "B": "m", "none": None}[kernel_multicast(cfg)]
+
+
 def structural_problems(cfg: KernelConfig) -> list[str]:
     """Reasons a config cannot be laid out (empty when it can)."""
     out = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...config import KernelConfig
 from ...problem import DTYPE_BYTES
 from ...render import environment, kernel_name
-from .layout import REDUCER_LEAD_KBLOCKS, KernelLayout, kernel_multicast, layout_of, read_batch
+from .layout import REDUCER_LEAD_KBLOCKS, KernelLayout, layout_of, pair_along, read_batch
 
 TEMPLATE = "sm90/gemm.cu.j2"
 
@@ -77,7 +77,7 @@ def render(cfg: KernelConfig) -> str:
         "lay": lay,
         "kernel_name": kernel_name(cfg),
         "b_slices": b_slices(lay),
-        "pair": kernel_multicast(cfg),
+        "pair_along": pair_along(cfg),  # templates/common/scheduler.cuh
         # the stage's tile each wgmma operand reads
         "mma_a_tile": "b_tile" if cfg.swap_ab else "a_tile",
         "mma_b_tile": "a_tile" if cfg.swap_ab else "b_tile",
