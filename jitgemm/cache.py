@@ -23,6 +23,14 @@ sees half of one, and treat items that vanish or appear meanwhile as another pro
 Beside the entries the root holds jitgemm.tuned's tuning file (TUNING_NAMES) and
 jitgemm.dispatch's tables (DISPATCH_DIR), read under the same trust rules; clear removes the
 tables (precompile writes them again) and keeps the tuning file unless asked; prune keeps both.
+
+The index (INDEX_DIR) lets a process find a cached kernel without rendering its source: one
+small JSON file per (config, compile options, arch, fingerprint of jitgemm's code and
+templates), named by index_name, mapping NVRTC versions to cache keys. It is a hint, read under
+the same trust rules and published atomically: an entry it names is used only when that entry
+is intact (read_entry) and its meta file records the same config, kernel name, arch, options,
+NVRTC version and schema; anything else (missing, corrupt, untrusted, stale) means rendering and
+looking up the key as usual, which writes the index again. clear removes it; prune keeps it.
 """
 
 from __future__ import annotations
@@ -43,8 +51,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
-
 from .config import parse_json
 
 CACHE_SCHEMA = 1
@@ -58,6 +64,8 @@ STALE_TMP_S = 3600.0  # prune/clear remove temporary directories older than this
 KEY_RE = re.compile(r"[0-9a-f]{64}")
 TUNING_NAMES = ("tuned.json", "tuned.json.lock")  # jitgemm.tuned's file: not a kernel entry, kept by clear
 DISPATCH_DIR = "dispatch"  # jitgemm.dispatch's tables, one file per target: removed by clear, kept by prune
+INDEX_DIR = "index"  # config -> cache key, so a cached kernel is found without rendering: removed by clear
+INDEX_SCHEMA = 1
 ENV_ROOT, ENV_OFFLINE = "JITGEMM_CACHE_DIR", "JITGEMM_OFFLINE"
 SHARED_OWNER_UID = 0  # root: what it owns may be read by anyone (never written by others)
 
@@ -81,7 +89,12 @@ class CorruptEntry(Exception):
 def default_root() -> Path:
     """`JITGEMM_CACHE_DIR` (made absolute, symlinks kept) or the platform's user cache dir."""
     env = os.environ.get(ENV_ROOT, "")
-    return Path(os.path.abspath(os.path.expanduser(env))) if env else Path(platformdirs.user_cache_dir("jitgemm"))
+    if env:
+        return Path(os.path.abspath(os.path.expanduser(env)))
+    # platformdirs (~6-20 ms to import) only when no JITGEMM_CACHE_DIR names the root.
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("jitgemm"))
 
 
 def offline_mode() -> bool:
@@ -102,6 +115,24 @@ def cache_key(source: str, options: tuple, arch: str, nvrtc_version: str, schema
         f"nvrtc={nvrtc_version}",
         "options=" + "\x1f".join(options),
         source,
+    )
+    for part in parts:
+        data = part.encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def index_name(config_json: str, arch: str, options: tuple, code_fingerprint: str) -> str:
+    """The index file's name (without .json) for a config: sha256 over length-prefixed parts."""
+    h = hashlib.sha256()
+    parts = (
+        f"schema={CACHE_SCHEMA}",
+        f"index={INDEX_SCHEMA}",
+        f"arch={arch}",
+        "options=" + "\x1f".join(options),
+        f"code={code_fingerprint}",
+        config_json,
     )
     for part in parts:
         data = part.encode()
@@ -547,6 +578,76 @@ class KernelCache:
                 pass
         return Lookup("hit", cubin)
 
+    def find_indexed(self, name: str, nvrtc_version: str, meta: dict) -> CacheResult | None:
+        """The entry the index `name` (index_name) records for `nvrtc_version`, or None (then
+        render and look up the key as usual). Never raises for a bad root, index or entry.
+
+        The entry is used only when it is trusted and intact (read_entry) and its meta file
+        holds every item of `meta` (config, kernel, arch, options) plus this NVRTC version and
+        cache schema: a stale or tampered index can cost a render, never give a wrong kernel.
+        """
+        if not KEY_RE.fullmatch(name):
+            return None
+        try:
+            check_root(self.root)
+            index_dir = self.root / INDEX_DIR
+            st = os.lstat(index_dir)
+            _check_trusted(st, index_dir, "index directory")
+            if not stat.S_ISDIR(st.st_mode):
+                return None
+            record = parse_json(read_trusted(index_dir / f"{name}.json", "index file"), "index file")
+            key = record["keys"][nvrtc_version]
+            if not isinstance(key, str) or not KEY_RE.fullmatch(key):
+                return None
+            found, cubin = read_entry(self.entry_dir(key), key)
+        except (OSError, UnsafeError, CorruptEntry, ValueError, KeyError, TypeError):
+            return None
+        expected = dict(meta, nvrtc_version=nvrtc_version, schema=CACHE_SCHEMA)
+        if any(found.get(field) != value for field, value in expected.items()):
+            return None
+        if not is_shared(self.root):  # last use, for prune, as lookup does
+            try:
+                os.utime(self.entry_dir(key))
+            except OSError:
+                pass
+        return CacheResult(cubin, key, True, 0.0, self.entry_dir(key))
+
+    def write_index(self, name: str, nvrtc_version: str, key: str) -> None:
+        """Record `key` as the entry of index `name` for `nvrtc_version` (keeping the keys of
+        other NVRTC versions): best effort, published atomically; a shared or unwritable root,
+        or any error, leaves the index as it was."""
+        if not KEY_RE.fullmatch(name) or not KEY_RE.fullmatch(key) or is_shared(self.root):
+            return
+        index_dir = self.root / INDEX_DIR
+        try:
+            check_root(self.root, write=True)
+            make_private_dir(index_dir, "index directory")
+            path = index_dir / f"{name}.json"
+            try:
+                keys = parse_json(read_trusted(path, "index file"), "index file")["keys"]
+                keys = {v: k for v, k in keys.items() if isinstance(v, str) and isinstance(k, str)}
+            except (CorruptEntry, UnsafeError, ValueError, KeyError, TypeError, AttributeError):
+                keys = {}
+            if keys.get(nvrtc_version) == key:
+                return
+            keys[nvrtc_version] = key
+            data = json.dumps({"schema": INDEX_SCHEMA, "keys": keys}, indent=1, sort_keys=True).encode()
+            fd, tmp = tempfile.mkstemp(dir=index_dir, prefix=TMP_PREFIX, suffix=".json")  # 0600, never a link
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        except (OSError, UnsafeError, CorruptEntry):
+            pass
+
     def get_or_compile(
         self, source: str, arch: str, options: tuple, nvrtc_version: str, meta: dict, compile_fn, offline_hint: str = ""
     ) -> CacheResult:
@@ -908,7 +1009,7 @@ class KernelCache:
             elif name.startswith(TMP_PREFIX):
                 if _age(real / name, now) > STALE_TMP_S:
                     self._delete(real, name)
-            elif name in (LOCK_DIR, FAILED_DIR, DISPATCH_DIR) or name.startswith(TRASH_PREFIX):
+            elif name in (LOCK_DIR, FAILED_DIR, DISPATCH_DIR, INDEX_DIR) or name.startswith(TRASH_PREFIX):
                 self._delete(real, name)
             else:
                 unknown.append(name)  # not ours: a mistyped JITGEMM_CACHE_DIR must not wipe a home dir

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import time
 from dataclasses import dataclass
-
-from cuda.bindings import nvrtc
 
 # -lineinfo keeps source correlation for profilers at no runtime cost. ptxas warnings that
 # mean a silently slow kernel (C7508 setmaxnreg ignored, C7510/C7511/C7512/C7515 wgmma serialised)
@@ -26,11 +25,35 @@ class CompileResult:
     seconds: float
 
 
+def _nvrtc():
+    # cuda.bindings.nvrtc is imported only to compile: a process whose kernels are all in the
+    # disk cache never needs it (nvrtc_version asks the library directly).
+    from cuda.bindings import nvrtc
+
+    return nvrtc
+
+
 @functools.lru_cache(maxsize=1)
 def nvrtc_version() -> str:
-    err, major, minor = nvrtc.nvrtcVersion()
+    """The NVRTC version, "major.minor", of the library cuda.bindings.nvrtc compiles with.
+
+    Asked through ctypes of the very library cuda.bindings loads (cuda.pathfinder's
+    load_nvidia_dynamic_lib("nvrtc"), which caches the loaded handle per process), so the cache
+    key of a kernel in the disk cache is known without importing cuda.bindings.nvrtc.
+    """
+    try:
+        # cuda.pathfinder is already imported by cuda.bindings.driver (jitgemm.runtime).
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        library = ctypes.CDLL(load_nvidia_dynamic_lib("nvrtc").abs_path)
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        if library.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
+            return f"{major.value}.{minor.value}"
+    except Exception:  # any failure: ask cuda.bindings, which raises the error that matters
+        pass
+    err, major_, minor_ = _nvrtc().nvrtcVersion()
     _check(err, "nvrtcVersion")
-    return f"{major}.{minor}"
+    return f"{major_}.{minor_}"
 
 
 def options_for(arch: str) -> tuple[str, ...]:
@@ -38,6 +61,7 @@ def options_for(arch: str) -> tuple[str, ...]:
 
 
 def _check(err, what: str, log: str = ""):
+    nvrtc = _nvrtc()
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         _, msg = nvrtc.nvrtcGetErrorString(err)
         raise CompileError(f"{what} failed: {msg.decode() if isinstance(msg, bytes) else msg}\n{log}")
@@ -48,6 +72,7 @@ def compile_cubin(source: str, arch: str, name: str = "jitgemm.cu", source_path:
 
     `source_path`, when given, is where the rendered source was saved; errors name it.
     """
+    nvrtc = _nvrtc()
     start = time.perf_counter()
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     _check(err, "nvrtcCreateProgram")
@@ -74,6 +99,7 @@ def compile_cubin(source: str, arch: str, name: str = "jitgemm.cu", source_path:
 
 
 def _program_log(prog) -> str:
+    nvrtc = _nvrtc()
     err, size = nvrtc.nvrtcGetProgramLogSize(prog)
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or size <= 1:
         return ""

@@ -424,7 +424,7 @@ class Recorded:
 
 def encode(table: dict, device: DeviceSpec) -> bytes:
     """The file's bytes for {problem key: [(m_lo, m_hi, KernelConfig), ...]} (runs sorted, disjoint)."""
-    from . import __version__
+    from . import __version__  # not at import: jitgemm/__init__ imports this module first
 
     configs: list[KernelConfig] = []
     index: dict[KernelConfig, int] = {}

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import shlex
 import threading
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from . import compiler, context, registry, runtime
-from .cache import CacheResult, KernelCache, OfflineError, cache_key
+from .cache import CacheResult, KernelCache, OfflineError, cache_key, index_name
 from .config import KernelConfig
 from .problem import Problem
 from .render import kernel_name
@@ -18,6 +21,7 @@ __all__ = [
     "KernelSource",
     "OfflineError",
     "build",
+    "code_fingerprint",
     "default_cache",
     "get",
     "is_loaded",
@@ -82,6 +86,54 @@ def prepare(config: KernelConfig) -> KernelSource:
     )
 
 
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """sha256 over jitgemm's version, the package's Python sources and the templates: what a
+    kernel's rendered source depends on besides its config (computed once per process, ~2 ms).
+    The disk cache's index (cache.index_name) covers it, so after any change of the code a
+    kernel is rendered again before its cache key is trusted."""
+    from . import __version__  # not at import: jitgemm/__init__ imports this module first
+
+    h = hashlib.sha256(f"jitgemm={__version__}".encode())
+    files: list = []
+
+    def walk(folder, prefix: str) -> None:
+        for item in folder.iterdir():
+            if item.name == "__pycache__":
+                continue
+            if item.is_dir():
+                walk(item, f"{prefix}{item.name}/")
+            elif prefix.startswith("templates/") or item.name.endswith(".py"):
+                files.append((f"{prefix}{item.name}", item))
+
+    walk(resources.files("jitgemm.templates"), "templates/")
+    walk(resources.files("jitgemm.archs"), "archs/")
+    for name in Path(__file__).parent.glob("*.py"):
+        files.append((name.name, name))
+    for name, item in sorted(files, key=lambda f: f[0]):
+        for part in (name.encode(), item.read_bytes()):
+            h.update(len(part).to_bytes(8, "little"))
+            h.update(part)
+    return h.hexdigest()
+
+
+def _find_indexed(config: KernelConfig, cache: KernelCache) -> BuiltKernel | None:
+    """`config`'s kernel from the disk cache through its index, without rendering (None: not
+    indexed, or the index is stale; then build renders and looks the key up as usual)."""
+    try:
+        options = compiler.options_for(config.arch)
+        name = index_name(config.to_json(), config.arch, options, code_fingerprint())
+        nvrtc_version = compiler.nvrtc_version()
+    except Exception:  # no NVRTC, unreadable sources: the usual path reports what matters
+        return None
+    kernel = kernel_name(config)
+    meta = {"config": config.to_dict(), "kernel": kernel, "arch": config.arch, "options": list(options)}
+    found = cache.find_indexed(name, nvrtc_version, meta)
+    if found is None:
+        return None
+    return BuiltKernel(config, registry.get(config.arch).layout_of(config), kernel, found)
+
+
 def precompile_commands(config: KernelConfig, problem: Problem | None = None) -> list[str]:
     """Shell commands that put `config`'s kernel in the cache: the exact config, then the shape."""
     commands = [f"jitgemm precompile --config {shlex.quote(config.to_json())}"]
@@ -109,6 +161,10 @@ def build(config: KernelConfig, cache: KernelCache | None = None, problem: Probl
 
     `problem`, when given, is named in the OfflineError raised under JITGEMM_OFFLINE=1.
     """
+    cache = cache or default_cache()
+    indexed = _find_indexed(config, cache)
+    if indexed is not None:
+        return indexed
     src = prepare(config)
 
     def compile_fn(source_path: Path | None):
@@ -116,7 +172,7 @@ def build(config: KernelConfig, cache: KernelCache | None = None, problem: Probl
             src.source, config.arch, name=f"{src.name}.cu", source_path=str(source_path) if source_path else None
         )
 
-    result = (cache or default_cache()).get_or_compile(
+    result = cache.get_or_compile(
         src.source,
         config.arch,
         src.options,
@@ -125,6 +181,10 @@ def build(config: KernelConfig, cache: KernelCache | None = None, problem: Probl
         compile_fn,
         offline_hint=_offline_hint(src, problem),
     )
+    if result.path is not None:  # on disk: index it, so the next process needs no render
+        cache.write_index(
+            index_name(config.to_json(), config.arch, src.options, code_fingerprint()), src.nvrtc_version, result.key
+        )
     return BuiltKernel(config, src.layout, src.name, result)
 
 

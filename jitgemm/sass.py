@@ -17,7 +17,7 @@ from pathlib import Path
 def find_tool(name: str) -> str | None:
     """Path of a CUDA binary tool from the nvidia wheels or PATH, or None."""
     try:
-        import nvidia
+        import nvidia  # optional: the nvidia wheels that ship the tools (a test dependency)
 
         for root in nvidia.__path__:
             for candidate in Path(root).glob(f"*/bin/{name}"):

@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from child_process import child_pythonpath
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -190,7 +191,7 @@ def fresh_process(root, *ms, **env):
         text=True,
         timeout=120,
         cwd=ROOT,
-        env=dict(os.environ, JITGEMM_CACHE_DIR=str(root), PYTHONPATH=str(ROOT), **env),
+        env=dict(os.environ, JITGEMM_CACHE_DIR=str(root), PYTHONPATH=child_pythonpath(), **env),
     )
     assert done.returncode == 0, done.stderr
     return {int(m): v for m, v in json.loads(done.stdout).items()}, done.stderr

@@ -83,10 +83,15 @@ def test_pyproject_ships_every_package():
     assert {p for p in templates.rglob("*") if p.suffix in (".j2", ".cuh")} == shipped
 
 
-def test_import_leaves_the_renderer_and_the_cli_for_later():
-    # `import jitgemm` in a serving process: Jinja (rendering a kernel the cache lacks) and click
-    # (the CLI) are imported only when needed
-    code = "import sys, jitgemm; print(sorted(m for m in ('jinja2', 'click') if m in sys.modules))"
+LAZY = ("jinja2", "click", "cuda.bindings.nvrtc", "platformdirs")
+
+
+def test_import_leaves_the_renderer_the_compiler_and_the_cli_for_later():
+    # `import jitgemm` in a serving process: Jinja (rendering a kernel the cache lacks), NVRTC's
+    # bindings (compiling it), platformdirs (the default cache root) and click (the CLI) are
+    # imported only when needed. cuda.pathfinder is not in the list: cuda.bindings.driver, which
+    # every call needs, imports it.
+    code = f"import sys, jitgemm; print(sorted(m for m in {LAZY!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
 
@@ -98,3 +103,52 @@ def test_both_kernels_walk_their_tiles_with_the_one_scheduler():
         text = template.read_text()
         assert '{% include "common/scheduler.cuh" %}' in text, template
         assert "TileCoord tile_of(" not in text and "struct TileCoord" not in text, template
+
+
+# What may be imported inside a function: optional or heavy dependencies (each with a comment
+# saying why, on the line or just above it) and the package's own __version__ (a cycle otherwise).
+FUNCTION_LEVEL_IMPORTS = {
+    "jinja2",  # rendering: only a kernel missing from the cache
+    "click",  # the CLI
+    "cuda.bindings.nvrtc",  # compiling
+    "cuda.pathfinder",  # locating NVRTC (cuda.bindings.driver imported it already)
+    "platformdirs",  # the default cache root, when JITGEMM_CACHE_DIR is unset
+    "filelock",  # the tuner's file
+    "cuda.core.utils",  # DLPack-only inputs
+    "ml_dtypes",  # bfloat16 NumPy arrays
+    "cupy",  # optional array libraries
+    "torch",
+    "nvidia",  # the CUDA binary tools of the nvidia wheels
+}
+
+
+def test_function_level_imports_are_lazy_dependencies_with_a_reason():
+    offenders = []
+    for path, _ in _modules().values():
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                if isinstance(node, ast.ImportFrom):
+                    # `from cuda.bindings import nvrtc` imports cuda.bindings.nvrtc
+                    module = node.module or ""
+                    targets = (
+                        []
+                        if node.level
+                        else [module if module in FUNCTION_LEVEL_IMPORTS else f"{module}.{a.name}" for a in node.names]
+                    )
+                    own_version = node.level and [a.name for a in node.names] == ["__version__"]
+                    if node.level and not own_version:
+                        offenders.append(f"{where}: a function-level import of the package's own module")
+                else:
+                    targets = [alias.name for alias in node.names]
+                offenders += [
+                    f"{where}: {t} is not a known lazy dependency" for t in targets if t not in FUNCTION_LEVEL_IMPORTS
+                ]
+                if not any("#" in line for line in lines[max(0, node.lineno - 3) : node.lineno]):
+                    offenders.append(f"{where}: no comment saying why the import is deferred")
+    assert not offenders, offenders

@@ -114,7 +114,7 @@ class CupyLib(ArrayLib):
     fast = True
 
     def __init__(self):
-        import cupy
+        import cupy  # optional: imported only when a CuPy array is passed
 
         self.cp = cupy
 
@@ -165,7 +165,7 @@ class TorchLib(ArrayLib):
     fast = True
 
     def __init__(self):
-        import torch
+        import torch  # optional: imported only when a torch tensor is passed
 
         self.torch = torch
         self.dtypes = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
