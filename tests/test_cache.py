@@ -21,6 +21,7 @@ from jitgemm import compiler, kernels
 from jitgemm.cache import (
     CACHE_SCHEMA,
     CUBIN_FILE,
+    INDEX_DIR,
     META_FILE,
     SOURCE_FILE,
     CacheWarning,
@@ -234,8 +235,9 @@ def test_16_processes_publish_one_entry(tmp_cache, tmp_path):
     keys = {r["key"] for r in results}
     assert len(keys) == 1
     key = keys.pop()
-    entries = [p.name for p in tmp_cache.iterdir() if not p.name.startswith(".")]
+    entries = [p.name for p in tmp_cache.iterdir() if not p.name.startswith(".") and p.name != INDEX_DIR]
     assert entries == [key]
+    assert len(list((tmp_cache / INDEX_DIR).iterdir())) == 1  # the kernel's index entry
     on_disk = hashlib.sha256((tmp_cache / key / CUBIN_FILE).read_bytes()).hexdigest()
     assert {r["sha"] for r in results} == {on_disk}
     assert {r["path"] for r in results} == {str(tmp_cache / key)}
