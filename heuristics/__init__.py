@@ -16,6 +16,7 @@ scheduler's tile walk and raster), `cost` (the pieces of the cost models) and `s
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import fields
 
@@ -46,8 +47,10 @@ def _arch_module(arch: str):
     return registry.get(arch).rules
 
 
+@functools.lru_cache(maxsize=4096)
 def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
-    """The kernel configuration for `problem` on `device`."""
+    """The kernel configuration for `problem` on `device` (a repeated problem: one dictionary
+    lookup)."""
     return _arch_module(device.arch).select(problem, device)
 
 
