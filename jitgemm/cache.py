@@ -108,7 +108,6 @@ def offline_mode() -> bool:
 
 def cache_key(source: str, options: tuple, arch: str, nvrtc_version: str, schema: int | None = None) -> str:
     """The entry name: sha256 over length-prefixed parts, so no two inputs share a byte stream."""
-    h = hashlib.sha256()
     parts = (
         f"schema={CACHE_SCHEMA if schema is None else schema}",
         f"arch={arch}",
@@ -116,6 +115,12 @@ def cache_key(source: str, options: tuple, arch: str, nvrtc_version: str, schema
         "options=" + "\x1f".join(options),
         source,
     )
+    return _hash_parts(parts)
+
+
+def _hash_parts(parts: tuple) -> str:
+    """sha256 over the parts, each length-prefixed (no two part lists hash alike)."""
+    h = hashlib.sha256()
     for part in parts:
         data = part.encode()
         h.update(len(data).to_bytes(8, "little"))
@@ -125,7 +130,6 @@ def cache_key(source: str, options: tuple, arch: str, nvrtc_version: str, schema
 
 def index_name(config_json: str, arch: str, options: tuple, code_fingerprint: str) -> str:
     """The index file's name (without .json) for a config: sha256 over length-prefixed parts."""
-    h = hashlib.sha256()
     parts = (
         f"schema={CACHE_SCHEMA}",
         f"index={INDEX_SCHEMA}",
@@ -134,11 +138,7 @@ def index_name(config_json: str, arch: str, options: tuple, code_fingerprint: st
         f"code={code_fingerprint}",
         config_json,
     )
-    for part in parts:
-        data = part.encode()
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-    return h.hexdigest()
+    return _hash_parts(parts)
 
 
 # ---- trust checks (lstat/fstat only: a symlink is judged, never followed) ----
@@ -271,6 +271,24 @@ def _write_file(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def publish_file(path: Path, data: bytes, tmp_dir: Path, suffix: str) -> None:
+    """`data` as `path`, atomically: a private temporary file in `tmp_dir` (on path's file
+    system; prune removes one a crash leaves), fsynced, renamed into place."""
+    fd, tmp = tempfile.mkstemp(dir=tmp_dir, prefix=TMP_PREFIX, suffix=suffix)  # 0600, never a planted link
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 def _fsync_dir(path: Path) -> None:
@@ -632,19 +650,7 @@ class KernelCache:
                 return
             keys[nvrtc_version] = key
             data = json.dumps({"schema": INDEX_SCHEMA, "keys": keys}, indent=1, sort_keys=True).encode()
-            fd, tmp = tempfile.mkstemp(dir=index_dir, prefix=TMP_PREFIX, suffix=".json")  # 0600, never a link
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            publish_file(path, data, index_dir, ".json")
         except (OSError, UnsafeError, CorruptEntry):
             pass
 

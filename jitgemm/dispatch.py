@@ -36,7 +36,6 @@ import json
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -48,7 +47,6 @@ from .cache import (
     ENV_ROOT,
     LOCK_DIR,
     LOCK_TIMEOUT_S,
-    TMP_PREFIX,
     CompileLock,
     CorruptEntry,
     KernelCache,
@@ -60,6 +58,7 @@ from .cache import (
     is_shared,
     make_private_dir,
     offline_mode,
+    publish_file,
     read_trusted,
 )
 from .config import KernelConfig, parse_json
@@ -454,21 +453,8 @@ def encode(table: dict, device: DeviceSpec) -> bytes:
 
 
 def _publish(root: Path, path: Path, data: bytes) -> None:
-    """`data` as `path`, atomically: a private temporary file in the root (prune removes one a
-    crash leaves), fsynced, renamed into place."""
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=TMP_PREFIX, suffix=".dispatch")  # 0600, never a planted link
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """`data` as `path`, atomically (cache.publish_file, its temporary file in the root)."""
+    publish_file(path, data, root, ".dispatch")
     _fsync_dir(path.parent)
 
 

@@ -92,3 +92,10 @@ def latin_shapes(values):
         for i in range(n):
             shapes.append((values[i], values[(i + shift_n) % n], values[(i + shift_k) % n]))
     return sorted(set(shapes))
+
+
+def nan_full(shape, dtype):
+    """A CUDA tensor of NaNs: an output that must be overwritten everywhere it is checked."""
+    import torch
+
+    return torch.full(shape, float("nan"), device="cuda", dtype=torch_dtype(dtype))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gpu_helpers import assert_close, guard_untouched, guarded_out, random_operand, torch_dtype
+from gpu_helpers import assert_close, guard_untouched, guarded_out, nan_full, random_operand
 
 import jitgemm
 from jitgemm import api, launch
@@ -31,12 +31,6 @@ def gen():
 
 def rand(rows, cols, dtype, gen, major="row"):
     return random_operand(rows, cols, dtype, major, gen)
-
-
-def nan_full(shape, dtype):
-    import torch
-
-    return torch.full(shape, float("nan"), device="cuda", dtype=torch_dtype(dtype))
 
 
 @pytest.fixture
