@@ -27,8 +27,6 @@ from DRAM once.
 
 from __future__ import annotations
 
-import functools
-
 from jitgemm.archs.sm100.layout import (
     MN_PIECE,
     TMEM_COLUMNS,
@@ -266,9 +264,8 @@ COST_MODEL = (
 )
 
 
-@functools.lru_cache(maxsize=4096)
 def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
-    """The configuration the cost model ranks first (deterministic; cached per problem)."""
+    """The configuration the cost model ranks first (deterministic; heuristics.select memoises it)."""
     return select_best(ARCH, candidates, with_raster, problem, device)
 
 

@@ -708,8 +708,10 @@ class _Layouts:
     staged: Tiles  # the rows of `tiles` before the tail variants
 
 
-def _layouts(device: DeviceSpec, kind: Problem) -> _Layouts:
-    """The layouts of problems like `kind` (its dtypes, majors and C; its shape is not read)."""
+@functools.lru_cache(maxsize=64)
+def _layouts(device: DeviceSpec, *kind) -> _Layouts:
+    """The layouts of one kind of problem (dtype, out_dtype, a_major, b_major, has_c)."""
+    like = Problem(1, 1, 1, *kind)  # a problem of that kind: the rules below read no shape
     descriptions, fields, pre, post, staged = [], [], [], [], []
     for cluster, multicast in CLUSTERS:
         for block_m in BLOCK_MS:
@@ -723,12 +725,12 @@ def _layouts(device: DeviceSpec, kind: Problem) -> _Layouts:
                 )
                 descriptions.append(describe_layout(block_m, block_n, cluster, multicast))
                 fields.append(tile)
-                rule = _pre_rule(kind, device, block_m, block_n, cluster)
+                rule = _pre_rule(like, device, block_m, block_n, cluster)
                 pre.append(rule)
                 later = None
                 if rule is None:
                     rejected: list = []
-                    staged.extend(screen(kind, device, [("", None, tile)], structural_problems, rejected, stage_smem))
+                    staged.extend(screen(like, device, [("", None, tile)], structural_problems, rejected, stage_smem))
                     later = rejected[0].rule if rejected else None
                 post.append(later)
     row = np.full(len(fields), -1)
@@ -743,12 +745,7 @@ def _layouts(device: DeviceSpec, kind: Problem) -> _Layouts:
 
 
 def _layouts_of(problem: Problem, device: DeviceSpec) -> _Layouts:
-    return _layouts_by_kind(device, problem.dtype, problem.out_dtype, problem.a_major, problem.b_major, problem.has_c)
-
-
-@functools.lru_cache(maxsize=64)
-def _layouts_by_kind(device: DeviceSpec, *kind) -> _Layouts:
-    return _layouts(device, Problem(1, 1, 1, *kind))
+    return _layouts(device, problem.dtype, problem.out_dtype, problem.a_major, problem.b_major, problem.has_c)
 
 
 SPLIT_VALUES = np.asarray(SPLITS)
@@ -761,7 +758,6 @@ class _Search:
     layouts: _Layouts
     candidates: Tiles
     costs: dict
-    nothing_to_share: np.ndarray  # per layout row: a pair with one block on the side it shares
     single_wave: np.ndarray  # per layout row: removed by the single-wave rule at its largest split
     largest_split: np.ndarray
 
@@ -789,7 +785,7 @@ def _search(problem: Problem, device: DeviceSpec) -> _Search:
     candidates = lay.tiles.take(picked, np.concatenate([SPLIT_VALUES[split], np.ones(int(tailed.sum()), dtype=int)]))
     if not len(picked):
         raise ValueError(f"no legal {ARCH} configuration for {problem.describe()}")
-    return _Search(lay, candidates, costs(problem, device, candidates), blocked[:, 0], single[:, 0], largest[:, 0])
+    return _Search(lay, candidates, costs(problem, device, candidates), single[:, 0], largest[:, 0])
 
 
 def _rejections(problem: Problem, device: DeviceSpec, s: _Search) -> list[Rejection]:
@@ -835,9 +831,8 @@ def finish(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelCon
     return with_a_rows(with_raster(cfg, problem, device), problem)
 
 
-@functools.lru_cache(maxsize=4096)
 def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
-    """The configuration the cost model ranks first (deterministic; cached per problem)."""
+    """The configuration the cost model ranks first (deterministic; heuristics.select memoises it)."""
     s = _search(problem, device)
     return finish(s.candidates.config(_order(s.candidates, s.costs, 1)[0]), problem, device)
 

@@ -115,14 +115,15 @@ def cache_key(source: str, options: tuple, arch: str, nvrtc_version: str, schema
         "options=" + "\x1f".join(options),
         source,
     )
-    return _hash_parts(parts)
+    return hash_parts(parts)
 
 
-def _hash_parts(parts: tuple) -> str:
-    """sha256 over the parts, each length-prefixed (no two part lists hash alike)."""
+def hash_parts(parts) -> str:
+    """sha256 over the parts (str or bytes), each length-prefixed (no two part lists hash alike):
+    cache keys, index names and the code fingerprints of the index and the dispatch tables."""
     h = hashlib.sha256()
     for part in parts:
-        data = part.encode()
+        data = part.encode() if isinstance(part, str) else part
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
     return h.hexdigest()
@@ -138,7 +139,7 @@ def index_name(config_json: str, arch: str, options: tuple, code_fingerprint: st
         f"code={code_fingerprint}",
         config_json,
     )
-    return _hash_parts(parts)
+    return hash_parts(parts)
 
 
 # ---- trust checks (lstat/fstat only: a symlink is judged, never followed) ----

@@ -30,11 +30,16 @@ def primary(ordinal: int):
     return found
 
 
+def is_current(handle: int) -> bool:
+    """Whether the context of this handle (int(ctx)) is current on this thread."""
+    now = driver.cuCtxGetCurrent()[1]
+    return now is not None and int(now) == handle
+
+
 @contextlib.contextmanager
 def current(ctx):
     """Make `ctx` current for the block (nothing to do when it already is), then restore."""
-    now = driver.cuCtxGetCurrent()[1]
-    if now is not None and int(now) == int(ctx):
+    if is_current(int(ctx)):
         yield
         return
     runtime.check(driver.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")

@@ -55,6 +55,7 @@ from .cache import (
     _fsync_dir,
     _warn_once,
     check_root,
+    hash_parts,
     is_shared,
     make_private_dir,
     offline_mode,
@@ -134,13 +135,10 @@ def fingerprint() -> str:
     process, ~2 ms): a table whose fingerprint differs was chosen by other rules."""
     from . import __version__  # not at import: jitgemm/__init__ imports this module first
 
-    h = hashlib.sha256()
-    for part in [f"jitgemm {__version__}".encode()] + [
-        piece for label, path in _fingerprint_sources() for piece in (label.encode(), path.read_bytes())
-    ]:
-        h.update(len(part).to_bytes(8, "little"))
-        h.update(part)
-    return h.hexdigest()
+    sources = _fingerprint_sources()
+    return hash_parts(
+        [f"jitgemm {__version__}"] + [piece for label, path in sources for piece in (label, path.read_bytes())]
+    )
 
 
 # ---- runs ----

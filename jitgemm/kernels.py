@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import shlex
 import threading
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 
 from . import compiler, context, registry, runtime
-from .cache import CacheResult, KernelCache, OfflineError, cache_key, index_name
+from .cache import CacheResult, KernelCache, OfflineError, cache_key, hash_parts, index_name
 from .config import KernelConfig
 from .problem import Problem
 from .render import kernel_name
@@ -94,7 +93,6 @@ def code_fingerprint() -> str:
     kernel is rendered again before its cache key is trusted."""
     from . import __version__  # not at import: jitgemm/__init__ imports this module first
 
-    h = hashlib.sha256(f"jitgemm={__version__}".encode())
     files: list = []
 
     def walk(folder, prefix: str) -> None:
@@ -110,11 +108,8 @@ def code_fingerprint() -> str:
     walk(resources.files("jitgemm.archs"), "archs/")
     for name in Path(__file__).parent.glob("*.py"):
         files.append((name.name, name))
-    for name, item in sorted(files, key=lambda f: f[0]):
-        for part in (name.encode(), item.read_bytes()):
-            h.update(len(part).to_bytes(8, "little"))
-            h.update(part)
-    return h.hexdigest()
+    files.sort(key=lambda f: f[0])
+    return hash_parts([f"jitgemm={__version__}"] + [part for name, item in files for part in (name, item.read_bytes())])
 
 
 def _find_indexed(config: KernelConfig, cache: KernelCache) -> BuiltKernel | None:

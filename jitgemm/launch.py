@@ -393,25 +393,17 @@ class KernelLaunch:
 
     def launch_at(self, a: int, b: int, d: int, c: int) -> None:
         """`repoint` the maps at these addresses, then launch (in the device's context)."""
-        now = driver.cuCtxGetCurrent()[1]
-        if now is not None and int(now) == self.ctx_handle:
+        if context.is_current(self.ctx_handle):  # the usual case, without a context manager's cost
             self.repoint(a, b, d, c)
-            if self.pointers is None:
-                self._launch()
-            else:
-                self._dispatch()
+            self._dispatch()
         else:
             with context.current(self.ctx):
                 self.repoint(a, b, d, c)
                 self._dispatch()
 
     def __call__(self) -> None:
-        now = driver.cuCtxGetCurrent()[1]
-        if now is not None and int(now) == self.ctx_handle:
-            if self.pointers is None:
-                self._launch()
-            else:
-                self._dispatch()
+        if context.is_current(self.ctx_handle):
+            self._dispatch()
         else:
             with context.current(self.ctx):
                 self._dispatch()

@@ -642,7 +642,7 @@ def test_decode_keeps_enough_dram_bytes_in_flight(b_major):
 def test_selection_is_deterministic_and_cached():
     p = Problem(4096, 2112, 7168)
     first = select(p, H200)
-    sm90.select.cache_clear()
+    select.cache_clear()
     assert select(p, H200) == first
     assert explain(p, H200)["chosen"] == first.to_dict()
 
