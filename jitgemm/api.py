@@ -30,7 +30,7 @@ from .arrays import (
 )
 from .config import KernelConfig
 from .heuristics import DeviceSpec
-from .problem import MAX_OUTPUT_ELEMENTS, Problem
+from .problem import DTYPE_BYTES, MAX_OUTPUT_ELEMENTS, Problem
 
 
 class FallbackCopyWarning(UserWarning):
@@ -171,8 +171,14 @@ def _operand_major(view: View) -> tuple:
     return major, not view.tma_ready(major)
 
 
+def _row_major(view: View | None) -> bool:
+    """Whether an output view (None: the result jitgemm allocates) is rows of unit-stride
+    elements: what a kernel can store to in place, with TMA or else directly (out_direct)."""
+    return view is None or (view.strides is not None and (view.strides[1] == 1 or view.shape[1] == 1))
+
+
 def _output_ready(view: View) -> bool:
-    return view.strides is not None and (view.strides[1] == 1 or view.shape[1] == 1) and view.tma_ready(1)
+    return _row_major(view) and view.tma_ready(1)
 
 
 def _copy_reason(view: View) -> str:
@@ -256,6 +262,11 @@ class _Kernel:
 
     def launch(self, va: View, vb: View, vd: View, vc: View | None, alpha: float, beta: float) -> launch.KernelLaunch:
         maps = self.arch.tensor_maps(self.problem, self.lay, va, vb, vd, vc)
+        outputs: tuple = ()
+        if self.cfg.out_direct:
+            outputs = (vd.ptr, vd.leading_stride_bytes(1))
+            if vc is not None:
+                outputs += (vc.ptr, vc.leading_stride_bytes(1))
         return launch.KernelLaunch(
             self.kernel,
             self.cfg,
@@ -268,6 +279,7 @@ class _Kernel:
             self.dev,
             self.stream,
             self.arch.map_operands(self.lay, vc is not None),
+            outputs,
         )
 
 
@@ -308,6 +320,7 @@ class _Plan:
         "last",
         "last_a",
         "last_b",
+        "out_align",
     )
 
     def __init__(
@@ -320,8 +333,12 @@ class _Plan:
         odt: str,
         views: tuple,
         uses_c: bool,
+        out_direct: bool,
     ):
         va, vb, vo, vc = views  # vo and vc as the caller passed them (None when not given)
+        # Address bits out and c must have clear: TMA's 16 bytes, or (out_direct) none beyond
+        # their elements' alignment, which every array has.
+        self.out_align = 0 if out_direct else _MISALIGNED
         self.lib, self.call, self.lock = lib, call, threading.Lock()
         self.dev, self.stream, self.out_shape, self.odt = dev, stream, out_shape, odt
         self.out_given, self.c_given, self.uses_c = vo is not None, vc is not None, uses_c
@@ -344,7 +361,7 @@ class _Plan:
             else:
                 out = lib.empty(self.out_shape, self.odt, self.dev, stream)
             po = lib.data_ptr(out)
-            if po & _MISALIGNED:
+            if po & self.out_align:
                 return None  # an unusual allocation: let the general path handle it
         lock = self.lock
         lock.acquire()  # one launch object: patched and queued by one thread at a time
@@ -358,13 +375,13 @@ class _Plan:
         """The address checks of a given out and c: aligned where the kernel reads them, within
         the address space, out apart from a, b and (unless it is c) c."""
         last, spans = self.last, self.spans
-        if self.c_given and (pc > last[3] or (self.uses_c and pc & _MISALIGNED)):
+        if self.c_given and (pc > last[3] or (self.uses_c and pc & self.out_align)):
             return False
         if not self.out_given:
             return True
         span = spans[2]
         return not (
-            po & _MISALIGNED
+            po & self.out_align
             or po > last[2]
             or not (po + span <= pa or pa + spans[0] <= po)
             or not (po + span <= pb or pb + spans[1] <= po)
@@ -599,7 +616,7 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
         dev = context.current_device()
     # Layouts, copies and the kernel configuration are decided (and a bad config rejected)
     # before any work is queued.
-    decision = _Decision(va, vb, vc, m, n, k, odt, beta, config, dev) if m and n and k else None
+    decision = _Decision(va, vb, vo, vc, m, n, k, odt, beta, config, dev) if m and n and k else None
     if handle is None:
         handle = va.lib.current_stream(dev)
     with contextlib.ExitStack() as scopes:
@@ -616,12 +633,13 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
 class _Decision:
     """How one call runs: the problem, the kernel configuration, and which inputs are copied."""
 
-    __slots__ = ("problem", "cfg", "a_major", "a_copy", "b_major", "b_copy", "has_c", "c_copy")
+    __slots__ = ("problem", "cfg", "a_major", "a_copy", "b_major", "b_copy", "has_c", "c_copy", "d_in_place")
 
     def __init__(
         self,
         va: View,
         vb: View,
+        vo: View | None,
         vc: View | None,
         m: int,
         n: int,
@@ -630,15 +648,33 @@ class _Decision:
         beta: float,
         config: KernelConfig | None,
         dev: int,
+        staged: bool = False,
     ):
+        """`vo` None: the result is allocated (row-major, N columns). `staged`: host arrays,
+        uploaded into aligned buffers (every output TMA-ready)."""
         self.a_major, self.a_copy = _operand_major(va)
         self.b_major, self.b_copy = _operand_major(vb)
         self.has_c = vc is not None and beta != 0.0
-        self.c_copy = vc is not None and self.has_c and not _output_ready(vc)
+        # The output rows TMA cannot address but a kernel can store to in place (odd N, a
+        # misaligned view): out_direct kernels do, others go through aligned copies.
+        out_ready = _output_ready(vo) if vo is not None else n * DTYPE_BYTES[odt] % TMA_ALIGN == 0
+        d_unaligned = not out_ready and _row_major(vo)
+        c_ready = vc is None or _output_ready(vc)
+        c_unaligned = self.has_c and not c_ready and _row_major(vc)
         self.problem = Problem(
-            m, n, k, va.dtype, odt, "K" if self.a_major == 1 else "M", "N" if self.b_major == 1 else "K", self.has_c
+            m,
+            n,
+            k,
+            va.dtype,
+            odt,
+            "K" if self.a_major == 1 else "M",
+            "N" if self.b_major == 1 else "K",
+            self.has_c,
+            aligned_out=staged or not (d_unaligned or c_unaligned),
         )
-        self.cfg = _config_for(self.problem, dev, config)
+        self.cfg = cfg = _config_for(self.problem, dev, config)
+        self.d_in_place = out_ready or (cfg.out_direct and _row_major(vo))
+        self.c_copy = self.has_c and not (c_ready or (cfg.out_direct and _row_major(vc)))
 
 
 def _describe_like(obj, argname: str, va: View, stream: int) -> View:
@@ -683,7 +719,7 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decisi
     if d.c_copy:
         _warn_copy("c", _copy_reason(vc))
         vc_k = _copy_in(vc, 1, "c", dev, handle)
-    if _output_ready(vo):
+    if d.d_in_place:
         vd = vo
     elif d.c_copy and vo.same_memory(vc):
         vd = vc_k  # out=c: accumulate in the aligned copy of c, then copy back
@@ -707,7 +743,7 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decisi
         and all(v.lib is lib for v in (va, vb, vc, vo) if v is not None)
     ):
         operands = (va, vb, vo if out_given else None, vc)
-        _remember(plan_key, _Plan(lib, call, dev, handle, out_shape, odt, operands, d.has_c))
+        _remember(plan_key, _Plan(lib, call, dev, handle, out_shape, odt, operands, d.has_c, d.cfg.out_direct))
     return result()
 
 
@@ -726,7 +762,7 @@ def _gemm_host(va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, explicit, c
         return vo.array
     dev = context.current_device()
     stream = explicit if explicit is not None else LEGACY_STREAM
-    d = _Decision(va, vb, vc, m, n, k, odt, beta, config, dev)
+    d = _Decision(va, vb, vo, vc, m, n, k, odt, beta, config, dev, staged=True)
     with context.on_device(dev):
         kern = _Kernel(d.problem, d.cfg, dev, stream)
         staged = []  # host buffers that must live until the stream has read them

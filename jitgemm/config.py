@@ -47,6 +47,8 @@ class KernelConfig:
     # shapes, so TMA does not fill rows past M); 0 = block_m
     b_tail: bool = False  # N-major B whose block_n is not a multiple of the 128-byte piece:
     # load the last columns as a narrower piece (no padding columns)
+    out_direct: bool = False  # the epilogue stores D (and reads C) with st.global / ld.global
+    # through a pointer and a row stride: for outputs whose rows TMA cannot address (plan.choose)
 
     def __post_init__(self):
         problems = self.problems()
@@ -128,7 +130,7 @@ class KernelConfig:
             f"_c{self.num_consumers}_cl{self.cluster_size}{self.multicast}"
             f"_g{self.group_size}{self.raster}{'_C' if self.has_c else ''}{'_swap' if self.swap_ab else ''}"
             f"{f'_sk{self.split_k}' if self.split_k > 1 else ''}{f'_ar{self.a_rows}' if self.a_rows else ''}"
-            f"{'_bt' if self.b_tail else ''}"
+            f"{'_bt' if self.b_tail else ''}{'_od' if self.out_direct else ''}"
         )
 
 

@@ -318,6 +318,7 @@ class KernelLaunch:
         "floats",
         "pointers",
         "splits",
+        "outputs",
         "params",
         "address",
         "config",
@@ -336,10 +337,12 @@ class KernelLaunch:
         device: int,
         stream: int,
         roles: tuple = (),
+        outputs: tuple = (),
     ):
         """`tiles`: the CTA tiles of one K split (the split-K workspace holds a partial of each).
         `roles`: for each map, the index of the operand it addresses in `repoint`'s arguments
-        (a, b, d, c); needed only by `repoint`."""
+        (a, b, d, c); needed only by `repoint`. `outputs`: under cfg.out_direct, D's address
+        and row stride in bytes, then C's (with C), the kernel's last parameters."""
         self.kernel, self.cfg = kernel, cfg
         self.grid, self.tiles, self.device, self.stream = grid, tiles, device, stream
         self.ctx = context.primary(device)
@@ -373,16 +376,26 @@ class KernelLaunch:
             self.splits = ctypes.c_int(splits)
             pointers = ctypes.addressof(self.pointers)
             args += [pointers, pointers + 8, ctypes.addressof(self.splits)]
+        self.outputs = None
+        if cfg.out_direct:
+            self.outputs = (ctypes.c_uint64 * len(outputs))(*outputs)
+            first = ctypes.addressof(self.outputs)
+            args += [first + 8 * i for i in range(len(outputs))]
         self.params = (ctypes.c_void_p * len(args))(*args)
         self.address = ctypes.addressof(self.params)
         self.config = runtime.launch_config(kernel, grid, stream)
 
     def repoint(self, a: int, b: int, d: int, c: int) -> None:
         """Point each map at the operand its role names: a, b, d and c are addresses (c may be
-        0 when no map reads it). Each must be 16-byte aligned (TMA's rule; the caller checks).
+        0 when no map reads it). Each a map reads must be 16-byte aligned (TMA's rule; the
+        caller checks); D and C under out_direct need only their elements' alignment.
         Without direct writes this calls the driver: the device's context must be current
         (`launch_at` makes it so)."""
         operands = (a, b, d, c)
+        if self.outputs is not None:  # under out_direct D and C are plain pointers
+            self.outputs[0] = d
+            if len(self.outputs) > 2:
+                self.outputs[2] = c
         if self.direct:
             words = self.words
             for word, role in self.words_of_roles:

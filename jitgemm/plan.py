@@ -18,9 +18,10 @@ problems it covers without running the cost model.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
-from . import dispatch, heuristics, tuned
+from . import dispatch, heuristics, registry, tuned
 from .config import KernelConfig
 from .heuristics import DeviceSpec
 from .problem import Problem
@@ -49,6 +50,19 @@ def choose(
     """
     if config is not None:
         return heuristics.require_valid(config, problem, device_spec, "config"), "argument"
+    cfg, source = _choose_tiles(problem, device_spec, device_name)
+    return with_epilogue(cfg, problem), source
+
+
+def with_epilogue(cfg: KernelConfig, problem: Problem) -> KernelConfig:
+    """`cfg` storing the output the way `problem`'s output needs: directly (out_direct) where
+    TMA cannot address its rows and the arch's kernels can, else with TMA (through an aligned
+    copy when the rows are not addressable)."""
+    direct = not problem.aligned_out and registry.get(cfg.arch).direct_epilogue
+    return cfg if cfg.out_direct == direct else dataclasses.replace(cfg, out_direct=direct)
+
+
+def _choose_tiles(problem, device_spec, device_name) -> tuple[KernelConfig, str]:
     from_env = heuristics.config_from_env(problem, device_spec)
     if from_env is not None:
         return from_env, "env"

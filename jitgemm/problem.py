@@ -40,6 +40,11 @@ class Problem:
     a_major: str = "K"
     b_major: str = "N"
     has_c: bool = False  # an addend C (beta * C) is read in the epilogue
+    # Whether TMA can address the rows of D (and C): each a whole number of 16-byte units from a
+    # 16-byte aligned base. None (the default): as a row-major (M, N) result has them, i.e.
+    # when N elements of out_dtype are a multiple of 16 bytes. False: odd N, padding-free or
+    # offset views; kernels then store directly (KernelConfig.out_direct) where the arch can.
+    aligned_out: bool = None  # type: ignore[assignment]
 
     def __post_init__(self):
         for name in ("m", "n", "k"):
@@ -64,6 +69,10 @@ class Problem:
                 f"Problem.out_dtype must be the input dtype ({self.dtype}) or fp32, got {self.out_dtype!r} "
                 f"(the kernels write their inputs' type or fp32)"
             )
+        if self.aligned_out is None:
+            object.__setattr__(self, "aligned_out", self.n * DTYPE_BYTES[self.out_dtype] % 16 == 0)
+        if not isinstance(self.aligned_out, bool):
+            raise ValueError(f"Problem.aligned_out must be None or a bool, got {self.aligned_out!r}")
         if self.a_major not in A_MAJORS:
             raise ValueError(f"Problem.a_major must be one of {A_MAJORS}, got {self.a_major!r}")
         if self.b_major not in B_MAJORS:
@@ -81,4 +90,5 @@ class Problem:
         return (
             f"M={self.m} N={self.n} K={self.k} {self.dtype}->{self.out_dtype} "
             f"layout={self.layout} (A {self.a_major}-major, B {self.b_major}-major)"
+            f"{'' if self.aligned_out else ', output rows not 16-byte aligned'}"
         )

@@ -60,8 +60,16 @@ CASES = [
         "row",
         False,
     ),
+    (  # st.global / ld.global epilogue: C has rows of 602 bytes (runs of 2 bytes)
+        "direct_c_split_k",
+        dict(block_m=64, num_consumers=1, block_n=64, num_stages=6, split_k=3, has_c=True, out_direct=True),
+        (100, 301, 1000),
+        "row",
+        "row",
+        True,
+    ),
 ]
-UNALIGNED = (301, 203, 77)  # K and N odd: the operands are copied, then the kernel runs
+UNALIGNED = (301, 203, 77)  # K and N odd: the operands are copied, the result (odd N) stored directly
 
 
 def run() -> None:

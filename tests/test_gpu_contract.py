@@ -481,23 +481,32 @@ def test_second_gpu(gen):
 
 # ---------------------------------------------------------------- layouts TMA cannot use
 def _fallback_cases(gen):
-    """(arguments copied, gemm arguments) for layouts TMA cannot use in place."""
+    """(arguments copied, gemm arguments, the output's frame or None, the output's window in
+    it) for layouts TMA cannot use in place; outputs of unit-stride rows at any alignment are
+    written in place (out_direct) and copy nothing."""
     import torch
 
     m, n, k = 200, 136, 264
     big_a = rand(m, k + 1, "bf16", gen)
-    yield {"a"}, dict(a=big_a[:, 1:], b=rand(k, n, "bf16", gen))  # base off by 2 bytes
-    yield {"b"}, dict(a=rand(m, k, "bf16", gen), b=rand(2 * k, 2 * n, "bf16", gen)[::2, ::2])  # no unit stride
-    yield {"a"}, dict(a=rand(m, 7, "bf16", gen), b=rand(7, n, "bf16", gen))  # rows of 14 bytes
+    yield {"a"}, dict(a=big_a[:, 1:], b=rand(k, n, "bf16", gen)), None, None  # base off by 2 bytes
+    b_strided = rand(2 * k, 2 * n, "bf16", gen)[::2, ::2]  # no unit stride
+    yield {"b"}, dict(a=rand(m, k, "bf16", gen), b=b_strided), None, None
+    yield {"a"}, dict(a=rand(m, 7, "bf16", gen), b=rand(7, n, "bf16", gen)), None, None  # rows of 14 bytes
     c = rand(m, n, "bf16", gen, "col")  # a column-major c
-    yield {"c"}, dict(a=rand(m, k, "bf16", gen), b=rand(k, n, "bf16", gen), c=c, beta=-1.0)
+    yield {"c"}, dict(a=rand(m, k, "bf16", gen), b=rand(k, n, "bf16", gen), c=c, beta=-1.0), None, None
+    window = (slice(1, m + 1), slice(1, n + 1))
     frame = torch.full((m + 2, n + 9), float("nan"), device="cuda", dtype=torch.bfloat16)
-    yield {"out"}, dict(a=rand(m, k, "bf16", gen), b=rand(k, n, "bf16", gen), out=frame[1 : m + 1, 1 : n + 1])
+    # a misaligned out: stored directly
+    yield set(), dict(a=rand(m, k, "bf16", gen), b=rand(k, n, "bf16", gen), out=frame[window]), frame, window
     frame = torch.full((m + 2, n + 9), float("nan"), device="cuda", dtype=torch.bfloat16)
-    cin = frame[1 : m + 1, 1 : n + 1]
+    cin = frame[window]
     cin.copy_(rand(m, n, "bf16", gen))
-    # out=c, misaligned: the kernel accumulates in the aligned copy of c, which is copied back
-    yield {"c"}, dict(a=rand(m, k, "bf16", gen), b=rand(k, n, "bf16", gen), out=cin, c=cin, beta=1.0)
+    # out=c, misaligned: read and written in place
+    yield set(), dict(a=rand(m, k, "bf16", gen), b=rand(k, n, "bf16", gen), out=cin, c=cin, beta=1.0), frame, window
+    # a column-major out: computed into an aligned buffer, then copied in
+    frame = torch.full((n + 2, m + 9), float("nan"), device="cuda", dtype=torch.bfloat16)
+    window_t = (slice(1, n + 1), slice(1, m + 1))
+    yield {"out"}, dict(a=rand(m, k, "bf16", gen), b=rand(k, n, "bf16", gen), out=frame[window_t].T), frame, window_t
 
 
 def test_fallback_copies_are_correct_and_warn_once_per_argument(gen, monkeypatch):
@@ -505,7 +514,7 @@ def test_fallback_copies_are_correct_and_warn_once_per_argument(gen, monkeypatch
 
     monkeypatch.setattr(api, "_warned", set())
     warned = set()
-    for copied, kw in _fallback_cases(gen):
+    for copied, kw, frame, window in _fallback_cases(gen):
         c_before = kw["c"].clone() if "c" in kw else None
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -514,11 +523,10 @@ def test_fallback_copies_are_correct_and_warn_once_per_argument(gen, monkeypatch
         names = [str(w.message).split()[1] for w in caught if issubclass(w.category, api.FallbackCopyWarning)]
         assert sorted(names) == sorted(copied - warned), (copied, names)
         warned |= copied
-        if "out" in kw:
+        if frame is not None:
             assert res is kw["out"]
-            frame = res._base
             inside = torch.zeros(frame.shape, dtype=torch.bool, device="cuda")
-            inside[1 : res.shape[0] + 1, 1 : res.shape[1] + 1] = True
+            inside[window] = True
             assert bool(torch.isnan(frame[~inside].float()).all()), "wrote outside out"
         assert_close(res, kw["a"], kw["b"], "bf16", c=c_before, beta=kw.get("beta", 1.0))
     assert warned == {"a", "b", "c", "out"}

@@ -9,6 +9,7 @@ import pytest
 
 from jitgemm import api
 from jitgemm.arrays import describe
+from jitgemm.config import KernelConfig
 from jitgemm.problem import LAYOUTS
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -40,9 +41,9 @@ def test_the_table_has_every_layout_once():
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_each_row_is_what_gemm_reads(name, monkeypatch):
     a_cell, b_cell, deepgemm, cblas, cublas, torch_expr = _layout_rows()[name]
-    monkeypatch.setattr(api, "_config_for", lambda *args: None)  # no GPU: the layout is decided before
+    monkeypatch.setattr(api, "_config_for", lambda *args: KernelConfig())  # no GPU: the layout is decided before
     a, b = _operand(a_cell, (M, K)), _operand(b_cell, (K, N))
-    decision = api._Decision(describe(a, "a", 0), describe(b, "b", 0), None, M, N, K, "fp16", 1.0, None, 0)
+    decision = api._Decision(describe(a, "a", 0), describe(b, "b", 0), None, None, M, N, K, "fp16", 1.0, None, 0)
     assert decision.problem.layout == name
     assert not decision.a_copy and not decision.b_copy  # read in place
     a_major, b_major = LAYOUTS[name]

@@ -14,6 +14,9 @@ from . import tma
 class Backend:
     layout: ModuleType  # layout_of, structural_problems, pair_along, KernelLayout
     renderer: ModuleType  # render
+    # Whether the kernels can store D (and read C) with st.global where TMA cannot address the
+    # output's rows (KernelConfig.out_direct); otherwise such outputs go through aligned copies.
+    direct_epilogue = False
 
     @property
     def smem_capacity(self) -> int:
@@ -49,15 +52,19 @@ class Backend:
     def map_operands(self, lay, has_c: bool) -> tuple:
         """The operand each of `tensor_maps`' maps addresses, in their order, as an index into
         (a, b, d, c): a launch made once per problem re-points them at new arrays."""
+        if lay.config.out_direct:
+            return (0, 1)
         return (0, 1, 2, 3) if has_c else (0, 1, 2)
 
     def tensor_maps(self, problem: Problem, lay, a, b, d, c) -> list:
-        """map_a, map_b, map_d[, map_c] for Views a, b, d and c (or None)."""
+        """map_a, map_b, map_d[, map_c] for Views a, b, d and c (or None); without the output
+        maps under out_direct (the kernel takes D's and C's pointers and row strides instead)."""
         maps = [
             tma.map_a(problem, a, lay.a.box, lay.a.swizzle),
             tma.map_b(problem, b, lay.b.box, lay.b.swizzle),
-            tma.map_output(problem, d, lay.out_box, lay.out_swizzle),
         ]
-        if c is not None:
-            maps.append(tma.map_output(problem, c, lay.out_box, lay.out_swizzle))
+        if not lay.config.out_direct:
+            maps.append(tma.map_output(problem, d, lay.out_box, lay.out_swizzle))
+            if c is not None:
+                maps.append(tma.map_output(problem, c, lay.out_box, lay.out_swizzle))
         return maps

@@ -154,6 +154,8 @@ class KernelLayout:
 def structural_problems(cfg: KernelConfig) -> list[str]:
     """Reasons `cfg` cannot be an sm_100a kernel (empty when it can)."""
     out = []
+    if cfg.out_direct:
+        out.append("out_direct: the sm_100a kernels store D with TMA only (an unaligned output is copied)")
     if cfg.block_m != UMMA_M * cfg.num_consumers:
         out.append(
             f"block_m must be 128 per MMA consumer ({UMMA_M * cfg.num_consumers} for "

@@ -15,6 +15,7 @@ class Sm90(Backend):
     default_num_sms = 132
     verified_on_hardware = True
     waits_for_previous_grid = True
+    direct_epilogue = True
     rules = rules
     layout = layout
     renderer = render
