@@ -68,9 +68,13 @@ from .search import Candidate, Rejection, describe_layout, explanation, report_t
 ARCH = "sm_90a"
 RATES = ArchRates()  # measured on the H200 (heuristics/RATES.md)
 
-# Register split of the template (setmaxnreg in templates/sm90/gemm.cu.j2).
+# Register split of the template (setmaxnreg in templates/sm90/gemm.cu.j2). The math
+# warpgroups can only take what the producer gives back: with two, producer + 2 x math must
+# not exceed 3 x the LAUNCH_REGS a thread of 384 starts with (setmaxnreg.inc waits forever
+# otherwise).
 PRODUCER_REGS = 40
 CONSUMER_REGS = 232
+LAUNCH_REGS = 168  # per thread of a 384-thread CTA: 65536 / 384, in units of 8
 REGISTER_FILE = 65536  # 32-bit registers per SM
 ACC_REG_LIMIT = 128  # fp32 accumulators per math thread that still leave room (no spills)
 WIDE_ACC_REG_LIMIT = 192  # ... with one m64 atom per math warpgroup (NVRTC, sm_90a: m128n384

@@ -154,10 +154,15 @@ def _warn_copy(argname: str, what: str) -> None:
         if argname in _warned:
             return
         _warned.add(argname)
+    reason = (
+        "TMA needs a unit-stride dimension, a 16-byte aligned base address and leading stride, and "
+        "rows of whole 16-byte units"
+        if argname in ("a", "b")
+        else "outputs of unit-stride rows are written in place at any alignment (on sm_90a); other layouts are not"
+    )
     warnings.warn(
-        f"jitgemm.gemm: {argname} {what}: TMA needs a unit-stride dimension, a 16-byte aligned base "
-        f"address and leading stride, and rows of whole 16-byte units; this copy is made on every "
-        f"call with such a layout (warned once per argument)",
+        f"jitgemm.gemm: {argname} {what}: {reason}; this copy is made on every call with such a "
+        f"layout (warned once per argument)",
         FallbackCopyWarning,
         stacklevel=5,
     )
@@ -187,21 +192,19 @@ def _copy_reason(view: View) -> str:
     return "cannot be read by TMA in place and is copied"
 
 
-def _aligned(
-    lib, rows: int, cols: int, major: int, dtype: str, dev: int, stream: int, argname: str, zero: bool
-) -> View:
+def _aligned(lib, rows: int, cols: int, major: int, dtype: str, dev: int, stream: int, argname: str) -> View:
     """A fresh (rows, cols) buffer TMA can use with `major` innermost, rows padded to 16 bytes."""
     pad = TMA_ALIGN // (4 if dtype == "fp32" else 2)
-    alloc = lib.zeros if zero else lib.empty
     if major == 1:
-        return lib.window(alloc((rows, -(-cols // pad) * pad), dtype, dev, stream), rows, cols, False, argname)
-    return lib.window(alloc((cols, -(-rows // pad) * pad), dtype, dev, stream), cols, rows, True, argname)
+        return lib.window(lib.empty((rows, -(-cols // pad) * pad), dtype, dev, stream), rows, cols, False, argname)
+    return lib.window(lib.empty((cols, -(-rows // pad) * pad), dtype, dev, stream), cols, rows, True, argname)
 
 
 def _copy_in(view: View, major: int, argname: str, dev: int, stream: int) -> View:
-    """A zero-padded copy of `view` in its own library, `major` innermost."""
+    """An aligned copy of `view` in its own library, `major` innermost."""
     rows, cols = view.shape
-    dst = _aligned(view.lib, rows, cols, major, view.dtype, dev, stream, argname, zero=True)
+    # The padding past `cols` is never read: the tensor maps end at the true extent.
+    dst = _aligned(view.lib, rows, cols, major, view.dtype, dev, stream, argname)
     view.lib.copy_(dst, view, stream)
     return dst
 
@@ -429,12 +432,15 @@ def gemm(
         Written in place and returned. Its dtype is the input dtype or float32 (and must equal
         `out_dtype` when that is given). It may be `c` itself (in-place accumulation,
         ``out=c``) but must not overlap `a` or `b`, nor overlap `c` other than being exactly
-        `c`. A layout TMA cannot store to (not row-major, misaligned, rows not whole 16-byte
-        units, or leading dimensions that do not fold into rows of one stride) is written
-        through an aligned buffer and copied in, with a one-time :class:`FallbackCopyWarning`.
+        `c`. Rows of unit-stride elements are written in place at any alignment (odd N, a
+        misaligned view: on sm_90a the kernel then stores with st.global instead of TMA); other
+        layouts (column-major, or leading dimensions that do not fold into rows of one stride),
+        and unaligned rows on sm_100a, are written through an aligned buffer and copied in, with
+        a one-time :class:`FallbackCopyWarning`.
     c : array, shape (M, N) or (..., N), optional (keyword-only)
         The addend, in the output dtype, on the same device as `a`. It is read by the kernel
-        (row-major, TMA-aligned; other layouts are copied first, with a one-time warning).
+        in place when its rows are unit-stride, as `out` is written; other layouts are copied
+        first, with a one-time warning.
         With ``beta == 0`` it is not read (BLAS convention: NaNs in `c` do not propagate).
     alpha : real number, default 1.0 (keyword-only)
         Scales ``a @ b``; passed to the kernel as float32, so it must be finite and within
@@ -504,6 +510,9 @@ def gemm(
                     ko,
                     kc,
                     po == pc,
+                    # TMA-aligned addresses or not: a plan that writes a misaligned output
+                    # directly (out_direct) does not serve the aligned calls too
+                    not (pa | pb | po | pc) & _MISALIGNED,
                     alpha.__class__,
                     alpha,
                     beta.__class__,
@@ -731,7 +740,7 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decisi
                 + (" (its leading dimensions do not fold into rows of one stride)" if vo.strides is None else "")
                 + "; the result is copied into it",
             )
-        vd = _aligned(vo.lib, m, n, 1, odt, dev, handle, "out", zero=False)
+        vd = _aligned(vo.lib, m, n, 1, odt, dev, handle, "out")
     call = kern.launch(va, vb, vd, vc_k, alpha, beta)
     call()
     if vd is not vo:
@@ -769,7 +778,7 @@ def _gemm_host(va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, explicit, c
         da = _upload(va, d.a_major, dev, stream, staged)
         db = _upload(vb, d.b_major, dev, stream, staged)
         dc = _upload(vc, 1, dev, stream, staged) if d.has_c else None
-        dd = dc if d.has_c else _aligned(GENERIC, m, n, 1, odt, dev, stream, "out", zero=False)
+        dd = dc if d.has_c else _aligned(GENERIC, m, n, 1, odt, dev, stream, "out")
         kern.launch(da, db, dd, dc, alpha, beta)()
         host = lib.empty((m, dd.strides[0]), odt, HOST, None)
         runtime.check(

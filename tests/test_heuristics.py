@@ -1351,6 +1351,9 @@ def test_register_split_matches_the_template():
     src = resources.files("jitgemm.templates").joinpath("sm90/gemm.cu.j2").read_text()
     assert f"setmaxnreg_dec<{sm90.PRODUCER_REGS}>" in src
     assert f"setmaxnreg_inc<{sm90.CONSUMER_REGS}>" in src
+    # the math warpgroups take only what the producer gives back
+    assert sm90.PRODUCER_REGS + 2 * sm90.CONSUMER_REGS <= 3 * sm90.LAUNCH_REGS
+    assert sm90.LAUNCH_REGS == sm90.REGISTER_FILE // 384 // 8 * 8
 
 
 def test_decode_tiles_load_only_the_rows_of_a_that_exist():

@@ -31,6 +31,11 @@ KNOB_CONFIGS = [
     KernelConfig(
         block_m=256, block_n=96, num_stages=4, swap_ab=True, a_major="M", b_major="K", dtype="fp16", out_dtype="fp16"
     ),
+    # outputs written (and C read) with st.global / ld.global (issue 20)
+    KernelConfig(num_stages=4, has_c=True, out_direct=True, out_dtype="fp32"),
+    KernelConfig(block_m=64, num_consumers=1, block_n=128, num_stages=6, split_k=3, has_c=True, out_direct=True),
+    KernelConfig(block_n=64, num_stages=5, swap_ab=True, a_major="M", out_direct=True),
+    KernelConfig(block_n=256, num_stages=4, b_major="K", out_direct=True),
 ]
 
 
