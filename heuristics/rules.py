@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jitgemm.config import KernelConfig
+from jitgemm.config import K_BLOCK_BYTES, KernelConfig
 from jitgemm.geometry import ceil_div, kernel_shape
 from jitgemm.problem import DTYPE_BYTES, Problem
 
@@ -43,7 +43,7 @@ def base_config(problem: Problem, device: DeviceSpec, **tile) -> KernelConfig:
         a_major=problem.a_major,
         b_major=problem.b_major,
         has_c=problem.has_c,
-        block_k=128 // DTYPE_BYTES[problem.dtype],
+        block_k=K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype],
         num_stages=2,
         **tile,
     )

@@ -367,7 +367,7 @@ H200_MEASURED = [
 # - among configs not chosen: 128x24576x1536, m64n192 27.9 (27.73) against m128n128 25.6
 #   (27.12); 128x576x7168, m64n48 split 4 11.2 (9.77) against m64n64 split 3; at 1x7168x2048
 #   and 16x7168x2048 the m64n32 A pairs (30.6 and 23.9) model the same as the unpaired m64n32
-#   (11.5 and 11.4): multicast A loads the whole 64-row box of A (sm90.with_a_rows), which the
+#   (11.5 and 11.4): multicast A loads the whole 64-row box of A (sm90._a_rows), which the
 #   model does not see.
 # Configs modelled further off than TOLERANCE, with what is known: at 1x4096x7168 the unsplit
 # m64n64 runs 16.7 us against 21.89 modelled: the DRAM latency (device.ArchRates.dram_latency_clk)
@@ -762,15 +762,17 @@ def test_cost_model_reads_b_padding_from_the_layout():
 def test_dram_stream_and_clock_credit():
     r = H200.rates
     stage = 16384
-    per_cta = [stage / cost.dram_stream_clk(r, 8, stage, a) for a in (1, 16, 64, 112, 128, 132)]
-    chip = [a * stage / cost.dram_stream_clk(r, 8, stage, a) for a in (1, 16, 64, 112, 128, 132)]
+    latency = cost.dram_latency_clk(r, 8)
+    per_cta = [stage / cost.dram_stream_clk(r, latency, stage, a) for a in (1, 16, 64, 112, 128, 132)]
+    chip = [a * stage / cost.dram_stream_clk(r, latency, stage, a) for a in (1, 16, 64, 112, 128, 132)]
     assert per_cta == sorted(per_cta, reverse=True)  # each CTA gets less ...
     assert chip == sorted(chip)  # ... but the chip gets more
     assert chip[-1] < r.dram_read_bytes_per_clk  # never more than the read bandwidth
     # a CTA alone is latency bound: its bytes in flight over the DRAM latency
     assert per_cta[0] == pytest.approx(7 * stage / (r.dram_latency_clk + 7 * stage / r.dram_read_bytes_per_clk))
     # deeper pipelines stream more per CTA
-    assert cost.dram_stream_clk(r, 13, stage, 64) < cost.dram_stream_clk(r, 6, stage, 64)
+    deep, shallow = cost.dram_latency_clk(r, 13), cost.dram_latency_clk(r, 6)
+    assert cost.dram_stream_clk(r, deep, stage, 64) < cost.dram_stream_clk(r, shallow, stage, 64)
     # runs: a box row; 32-, 64-, 128-byte pieces stream at 67%, 80%, 89%
     assert [round(cost.dram_run_efficiency(r, b), 2) for b in (32, 64, 128)] == [0.67, 0.8, 0.89]
     assert sm90.dram_runs(Problem(1, 576, 7168), KernelConfig(block_m=64, block_n=48, num_consumers=1)) == (128, 32)
