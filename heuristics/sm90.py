@@ -43,6 +43,7 @@ from jitgemm.archs.sm90.layout import (
     KernelLayout,
     layout_of,
     pair_along,
+    pipeline_bytes,
     splits_per_read,
     structural_problems,
 )
@@ -704,23 +705,18 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
 # ----------------------------------------------------------------------------- search
 
 
-def _smem_with_whole_staging(cfg: KernelConfig) -> int:
-    lay = layout_of(cfg)
-    return lay.smem_bytes - lay.out_bytes + lay.out_bytes_whole
-
-
-def stage_smem(cfg: KernelConfig) -> int:
-    """Shared memory of `cfg` as the stage count is chosen: with a staging buffer for every
-    store box of the tile, unless that leaves fewer than MIN_STAGES stages (tiles wider than
-    256), which stage their output through a ring of fewer buffers (`layout.epilogue_buffers`).
-    A deeper pipeline bought with fewer buffers did not pay: measured on the H200 (bf16, medians
-    of three passes, us), m128n256 B pairs with 4 stages and 2 of the 4 boxes staged at a time
-    ran 8192^3 in 1659 against 1617 with 3 stages and all 4, 4096x32768x512 in 250 against 247,
-    4096x24576x1536 in 493 against 486."""
-    shallow = with_fields(cfg, num_stages=MIN_STAGES)
-    if _smem_with_whole_staging(shallow) <= SMEM_CAPACITY:
-        return _smem_with_whole_staging(cfg)
-    return layout_of(cfg).smem_bytes
+def stage_smem(cfg: KernelConfig, stages: int) -> int:
+    """Shared memory of `cfg` with `stages` stages as the stage count is chosen: with a staging
+    buffer for every store box of the tile, unless that leaves fewer than MIN_STAGES stages
+    (tiles wider than 256), which stage their output through a ring of fewer buffers
+    (`layout.epilogue_buffers`). A deeper pipeline bought with fewer buffers did not pay:
+    measured on the H200 (bf16, medians of three passes, us), m128n256 B pairs with 4 stages and
+    2 of the 4 boxes staged at a time ran 8192^3 in 1659 against 1617 with 3 stages and all 4,
+    4096x32768x512 in 250 against 247, 4096x24576x1536 in 493 against 486."""
+    lay = layout_of(cfg)  # (the stages and the staging of any stage count's layout are alike)
+    if pipeline_bytes(lay.stage_bytes, MIN_STAGES, cfg.num_consumers) + lay.out_bytes_whole <= SMEM_CAPACITY:
+        return pipeline_bytes(lay.stage_bytes, stages, cfg.num_consumers) + lay.out_bytes_whole
+    return layout_of(with_fields(cfg, num_stages=stages)).smem_bytes
 
 
 def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int]:

@@ -59,13 +59,15 @@ class KernelConfig:
         """Structural checks that hold for every arch; arch rules add their own."""
         # Exact types first (1.0 or True is no block size, a list no flag): the checks below
         # compare and multiply the fields.
-        out = [
-            f"{name} must be {want.__name__}, got {type(value).__name__} {value!r}"
-            for name, want in _FIELD_TYPES.items()
-            if type(value := getattr(self, name)) is not want and not _exact(value, want)
-        ]
-        if out:
-            return out
+        if tuple(map(type, vars(self).values())) != _EXACT_TYPES:  # (the common case at one comparison)
+            out = [
+                f"{name} must be {want.__name__}, got {type(value).__name__} {value!r}"
+                for name, want in _FIELD_TYPES.items()
+                if not _exact(value := getattr(self, name), want)
+            ]
+            if out:
+                return out
+        out = []
         if self.arch not in ARCHS:
             out.append(f"arch must be one of {ARCHS}, got {self.arch!r}")
         if self.dtype not in INPUT_DTYPES:
@@ -137,3 +139,4 @@ class KernelConfig:
 
 _FIELD_TYPES = {f.name: type(f.default) for f in fields(KernelConfig)}
 _FIELD_NAMES = tuple(_FIELD_TYPES)
+_EXACT_TYPES = tuple(_FIELD_TYPES.values())

@@ -569,10 +569,7 @@ def test_every_selected_config_is_sound(device):
         if cfg.block_m * cfg.block_n < 128 * 192:
             assert cfg.num_stages >= 4, where
         # and no deeper than the cap, nor shallower than what fits
-        assert (
-            cfg.num_stages == rules.MAX_STAGES
-            or sm90.stage_smem(KernelConfig(**{**cfg.to_dict(), "num_stages": cfg.num_stages + 1})) > CAPACITY
-        ), where
+        assert cfg.num_stages == rules.MAX_STAGES or sm90.stage_smem(cfg, cfg.num_stages + 1) > CAPACITY, where
         # cluster divides the SM count; no multicast on a single wave of work units, except
         # pairs sharing B when M is exactly two m blocks and pairs sharing A in a shared wave
         # (sm90.single_wave_rule)
@@ -1266,7 +1263,29 @@ def test_max_stages_matches_brute_force():
         for s in range(2, rules.MAX_STAGES + 1):
             if layout_of(KernelConfig(**{**cfg.to_dict(), "num_stages": s})).smem_bytes <= CAPACITY:
                 brute = s
-        assert rules.max_stages(cfg, CAPACITY, smem_of=lambda c: layout_of(c).smem_bytes) == brute, cfg.name
+        assert rules.max_stages(cfg, CAPACITY, smem_of=rules.at_stages(lambda c: layout_of(c).smem_bytes)) == brute
+
+
+def test_stage_smem_from_one_layout_matches_each_stage_counts_layout():
+    """sm90.stage_smem reads one layout of the tile for every stage count: the same bytes as the
+    layout of the config with that many stages (whole staging where it fits 3 stages)."""
+    for cfg in [
+        KernelConfig(),
+        KernelConfig(block_m=64, block_n=16, num_consumers=1, has_c=True),
+        KernelConfig(block_m=256, block_n=128, out_dtype="fp32", b_major="K"),
+        KernelConfig(block_n=112, b_major="N", b_tail=True),
+        KernelConfig(block_n=256, out_dtype="fp32", cluster_size=2, multicast="B"),
+        KernelConfig(block_n=384, cluster_size=2, multicast="B"),
+        KernelConfig(block_n=512, num_stages=3),
+    ]:
+        whole = layout_of(rules.with_fields(cfg, num_stages=rules.MIN_STAGES))
+        for s in range(2, rules.MAX_STAGES + 1):
+            lay = layout_of(rules.with_fields(cfg, num_stages=s))
+            if whole.smem_bytes - whole.out_bytes + whole.out_bytes_whole <= CAPACITY:
+                want = lay.smem_bytes - lay.out_bytes + lay.out_bytes_whole
+            else:
+                want = lay.smem_bytes
+            assert sm90.stage_smem(cfg, s) == want, (cfg.name, s)
 
 
 def test_stage_rule():
