@@ -361,48 +361,67 @@ def partial_rows(m: int, block_m: int, num_consumers: int) -> int:
 MULTICASTS = ("A", "B", "none")  # in the order of their names (the ranking's tie-break)
 
 
-def _column(table: str, row: int) -> Any:
-    """A column of one of `Tiles`' tables."""
-    return property(lambda self: getattr(self, table)[row])
-
-
-@dataclass(frozen=True)
 class Tiles:
     """Candidates as columns: tile layouts with what the cost model reads of their layouts.
 
-    The columns are the rows of two tables, ints and the clock cycles the tile alone takes
-    (at RATES), so that `take` is two gathers."""
+    The columns are the rows of two tables, `ints` and `times` (the clock cycles the tile alone
+    takes, at RATES), so that `take` is two gathers."""
 
-    configs: tuple  # the configs the rows were made from (split_k 1)
-    ints: np.ndarray
-    times: np.ndarray
+    INTS = (
+        "origin",  # per row: its index in `configs`
+        "split_k",
+        "block_m",
+        "block_n",
+        "b_box",  # columns of B one tile loads (see b_box_of)
+        "shares_a",
+        "shares_b",
+        "a_piece",  # MN elements per TMA box (MN-major: a DRAM run, see dram_runs)
+        "b_piece",
+        "num_stages",
+        "cluster_size",
+        "multicast",  # the index of cfg.multicast in MULTICASTS
+        "acc_regs",
+        "smem_bytes",
+        "flops",  # tensor-core FLOPs of one k-block
+    )
+    TIMES = (
+        "smem_clk",  # per k-block: shared-memory traffic (see _times)
+        "latency_clk",  # the TMA round trip over the pipeline depth
+        "dram_latency_clk",  # the loaded DRAM round trip over the stages in flight
+        "epilogue_clk",  # per unit
+    )
+    origin: np.ndarray
+    split_k: np.ndarray
+    block_m: np.ndarray
+    block_n: np.ndarray
+    b_box: np.ndarray
+    shares_a: np.ndarray
+    shares_b: np.ndarray
+    a_piece: np.ndarray
+    b_piece: np.ndarray
+    num_stages: np.ndarray
+    cluster_size: np.ndarray
+    multicast: np.ndarray
+    acc_regs: np.ndarray
+    smem_bytes: np.ndarray
+    flops: np.ndarray
+    smem_clk: np.ndarray
+    latency_clk: np.ndarray
+    dram_latency_clk: np.ndarray
+    epilogue_clk: np.ndarray
 
-    origin = _column("ints", 0)  # per row: its index in `configs`
-    split_k = _column("ints", 1)
-    block_m = _column("ints", 2)
-    block_n = _column("ints", 3)
-    b_box = _column("ints", 4)  # columns of B one tile loads (see b_box_of)
-    shares_a = _column("ints", 5)
-    shares_b = _column("ints", 6)
-    a_piece = _column("ints", 7)  # MN elements per TMA box (MN-major: a DRAM run, see dram_runs)
-    b_piece = _column("ints", 8)
-    num_stages = _column("ints", 9)
-    cluster_size = _column("ints", 10)
-    multicast = _column("ints", 11)  # the index of cfg.multicast in MULTICASTS
-    acc_regs = _column("ints", 12)
-    smem_bytes = _column("ints", 13)
-    flops = _column("ints", 14)  # tensor-core FLOPs of one k-block
-    smem_clk = _column("times", 0)  # per k-block: shared-memory traffic (see _times)
-    latency_clk = _column("times", 1)  # the TMA round trip over the pipeline depth
-    dram_latency_clk = _column("times", 2)  # the loaded DRAM round trip over the stages in flight
-    epilogue_clk = _column("times", 3)  # per unit
+    def __init__(self, configs: tuple, ints: np.ndarray, times: np.ndarray):
+        self.configs = configs  # the configs the rows were made from (split_k 1)
+        self.ints, self.times = ints, times
+        self.__dict__.update(zip(self.INTS + self.TIMES, (*ints, *times)))
 
     @classmethod
     def of(cls, configs) -> Tiles:
         rows = [(cfg, layout_of(cfg)) for cfg in configs]
-        ints = np.array([_ints(i, cfg, lay) for i, (cfg, lay) in enumerate(rows)], dtype=np.int64).reshape(-1, 15)
-        times = np.array([_times(cfg, lay) for cfg, lay in rows], dtype=np.float64).reshape(-1, 4)
-        return cls(tuple(configs), np.ascontiguousarray(ints.T), np.ascontiguousarray(times.T))
+        ints = np.array([_ints(i, cfg, lay) for i, (cfg, lay) in enumerate(rows)], dtype=np.int64)
+        times = np.array([_times(cfg, lay) for cfg, lay in rows], dtype=np.float64)
+        shape = (len(rows), len(cls.INTS)), (len(rows), len(cls.TIMES))
+        return cls(tuple(configs), ints.reshape(shape[0]).T.copy(), times.reshape(shape[1]).T.copy())
 
     def take(self, rows: np.ndarray, split_k: np.ndarray | None = None) -> Tiles:
         """These rows (an index array), with split_k replaced when given."""
@@ -601,7 +620,7 @@ def costs(problem: Problem, device: DeviceSpec, t: Tiles, til: _Tiling, report: 
             hbm_time=hbm_time,
             waves=w,
             kb_unit=kb_unit,
-            dram_efficiency=(problem.m + til.covered_b) / til.dram_rows,
+            dram_efficiency=np.broadcast_to((problem.m + til.covered_b) / til.dram_rows, sm_time.shape),
             launch=launch,
             fixup=fixup[0],
             rounds=rounds,

@@ -64,8 +64,10 @@ def covered_extent(size, block, box):
     loads `box` >= `block` elements clipped at `size` (TMA does not fetch out-of-bounds
     elements). With box == block this is `size`; a wider box (MN-major pieces wider than the
     block, e.g. 3 x 64 for a block of 176) re-reads part of the neighbouring block.
-    Elementwise over NumPy arrays too.
+    Elementwise over NumPy arrays too (`size` itself where no box is wider than its block).
     """
+    if np.all(box <= block):
+        return size
     nblocks = ceil_div(size, block)
     # Blocks whose whole box is inside (j * block + box <= size) read `box`; block j of the
     # others reads size - j * block.

@@ -812,6 +812,12 @@ def test_partial_rows_and_readback_mirror_the_template():
     assert sm90.partial_rows(20, 64, 1) == 16 + 8
     assert sm90.partial_rows(64, 128, 2) == 64  # the second warpgroup stores nothing
     assert sm90.partial_rows(4096, 128, 2) == 4096
+    for block_m, consumers in ((64, 1), (128, 1), (128, 2), (256, 2)):  # 2 x min(8, live) per 16 rows
+        wg_m = block_m // consumers
+        for m in range(1, 3 * block_m):
+            rest = m % block_m
+            groups = (rest - wg * wg_m - g for wg in range(consumers) for g in range(0, wg_m, 16))
+            assert sm90.partial_rows(m, block_m, consumers) == m - rest + sum(2 * min(8, max(0, r)) for r in groups)
     # the read-back the model assumes, one round trip per batch of splits: in the template the
     # loop over the batches encloses the (unrolled) loops over a batch's splits and the loads
     load = fixup.index("ld.global.cg")
