@@ -246,6 +246,12 @@ def _wide_wave_tiles(problem: Problem, block_m, num_m):
     return (block_m >= 128) & (num_m >= SHARED_WAVE_M_BLOCKS) & (problem.n >= SHARED_WAVE_MIN_N)
 
 
+def _shared_wave_possible(problem: Problem) -> bool:
+    """Whether any layout can run `problem` in a shared wave: tiles of 128 rows make the most m
+    blocks of those it takes."""
+    return bool(_wide_wave_tiles(problem, 128, ceil_div(problem.m, 128)))
+
+
 def _multicast_is_single_wave(problem: Problem, device: DeviceSpec, block_m, block_n, splits, shares_a):
     """Where `single_wave_rule` removes a pair sharing A (else B) (elementwise over arrays)."""
     num_m = ceil_div(problem.m, block_m)
@@ -576,9 +582,11 @@ def costs(problem: Problem, device: DeviceSpec, t: Tiles, til: _Tiling, report: 
     # CTAs busy in a full wave (the first row) and in the last (the second): every term that
     # depends on them is counted for both at once.
     active = np.array((w.slots, w.last_wave_tiles)) * cluster
-    work = til.num_m * til.num_n * splits
-    shared = _wide_wave_tiles(problem, t.block_m, til.num_m) & (work <= device.num_sms // cluster * cluster)
-    l2_gain = np.where(shared, r.l2_shared_wave_gain, 1.0)
+    l2_gain = 1.0
+    if _shared_wave_possible(problem):
+        work = til.num_m * til.num_n * splits
+        shared = _wide_wave_tiles(problem, t.block_m, til.num_m) & (work <= device.num_sms // cluster * cluster)
+        l2_gain = np.where(shared, r.l2_shared_wave_gain, 1.0)
 
     # Per k-block of one CTA (`Tiles` holds the times of the tile alone). The tensor-core rate
     # follows the CTAs the persistent grid keeps busy (the clock credit).
@@ -597,11 +605,13 @@ def costs(problem: Problem, device: DeviceSpec, t: Tiles, til: _Tiling, report: 
     delivery = active * ingress / (r.l2_delivery_bytes_per_clk * l2_gain)
     slowest_clk = np.maximum(np.maximum(fixed, l2), np.maximum(dram, delivery))
 
+    # Per launch: the kernel's launch, ramp and drain; split-K's measured extra besides.
     split = splits > 1
     if report or split.any():
         fixup, rounds, ws_total = _splitk_terms(problem, t, splits, til.num_m, cta_tiles, active)
+        launch = r.launch_clk + np.where(split, SPLITK_LAUNCH_CLK, 0)
     else:  # nothing to fix up
-        fixup, rounds, ws_total = 0.0, 0, 0
+        fixup, rounds, ws_total, launch = 0.0, 0, 0, r.launch_clk
     clk = kb_unit * slowest_clk + fixup + t.epilogue_clk  # of a unit, in a full wave and in the last
     sm_time = persistent_time(w, clk[0], clk[1])
 
@@ -609,8 +619,6 @@ def costs(problem: Problem, device: DeviceSpec, t: Tiles, til: _Tiling, report: 
     # copy rate.
     dram_bytes = til.dram_rows * problem.k * DTYPE_BYTES[problem.dtype]
     hbm_time = dram_bytes / r.dram_read_bytes_per_clk + (output_bytes(problem) + ws_total) / r.hbm_bytes_per_clk
-    # Per launch: the kernel's launch, ramp and drain; split-K's measured extra besides.
-    launch = r.launch_clk + np.where(split, SPLITK_LAUNCH_CLK, 0)
     out = {"cost": np.maximum(sm_time, hbm_time) + launch, "sm_time": sm_time, "traffic": tr, "splits": splits}
     if report:
         terms = {"mma": mma, "smem": t.smem_clk, "l2_ingress": l2_ingress, "latency": t.latency_clk}
@@ -635,7 +643,7 @@ def _splitk_terms(problem: Problem, t: Tiles, splits, num_m, cta_tiles, active) 
     the workspace; split 0 reads them back and runs the epilogue."""
     r = RATES
     rows_of = [partial_rows(problem.m, b, num_consumers_for(b)) for b in BLOCK_MS]
-    rows = np.choose(np.searchsorted(BLOCK_MS, t.block_m), rows_of)  # per column of tiles, split
+    rows = np.array(rows_of)[np.searchsorted(BLOCK_MS, t.block_m)]  # per column of tiles, split
     ws_tile = rows / num_m * t.block_n * PARTIAL_BYTES  # bytes one split of a tile stores
     ws_total = (splits - 1) * rows * t.block_n * PARTIAL_BYTES * (cta_tiles // num_m)
     split = splits > 1
@@ -869,10 +877,11 @@ def _search(problem: Problem, device: DeviceSpec, report: bool = False) -> _Sear
     end = np.where(paired & (np.where(t.shares_a, til.num_n, til.num_m) < 2), 0, count)
     # A B-tail variant is costed unsplit, in a shared wave, where its layout is costed unsplit.
     staged = len(t) - len(lay.tail_of)
-    wave = tiles[staged:] <= device.num_sms // t.cluster_size[staged:] * t.cluster_size[staged:]
-    shared = _wide_wave_tiles(problem, t.block_m[staged:], til.num_m[staged:]) & wave
-    first[staged:] = 0
-    end[staged:] = (first[lay.tail_of] == 0) & (end[lay.tail_of] > 0) & shared
+    first[staged:], end[staged:] = 0, 0
+    if _shared_wave_possible(problem):
+        wave = tiles[staged:] <= device.num_sms // t.cluster_size[staged:] * t.cluster_size[staged:]
+        shared = _wide_wave_tiles(problem, t.block_m[staged:], til.num_m[staged:]) & wave
+        end[staged:] = (first[lay.tail_of] == 0) & (end[lay.tail_of] > 0) & shared
     rows, split = np.nonzero((first[:, None] <= SPLIT_INDEX) & (SPLIT_INDEX < end[:, None]))
     if not len(rows):
         raise ValueError(f"no legal {ARCH} configuration for {problem.describe()}")
