@@ -87,12 +87,12 @@ def test_selection_latency_of_fresh_problems(capsys):
 
 @pytest.mark.parametrize("n, k", [(4096, 4096), (14336, 4096), (4096, 14336), (2112, 7168), (577, 4097)])
 def test_memoised_choices_equal_fresh_ones_over_a_dense_m_sweep(n, k):
-    """What select memoises (the layouts of each kind of problem, the raster walks, the answers)
-    never changes a choice: every M in 1..1024 with warm memos equals the same problem with every
-    memo cleared."""
+    """What select memoises (the layouts of each kind of problem, each config's layout, the
+    raster walks, the answers) never changes a choice: every M in 1..1024 with warm memos equals
+    the same problem with every memo cleared."""
     ms = range(1, 1025)
     warm = [heuristics.select(Problem(m, n, k, a_major="K", b_major="K"), H200) for m in ms]
-    for memo in (heuristics.select, sm90._layouts, geometry.choose_raster):
+    for memo in (heuristics.select, sm90._layouts, sm90.layout_of, geometry.choose_raster):
         memo.cache_clear()
     for m, chosen in zip(ms, warm):
         assert sm90.select(Problem(m, n, k, a_major="K", b_major="K"), H200) == chosen, m
