@@ -2,12 +2,13 @@
 from (each arch's `cost_of` combines them with its own terms):
 
 - rates under load: `mma_rate` (the tensor-core rate with the clock credit of a partly busy chip),
-  `dram_stream_clk` (a CTA's time per stage streaming from DRAM: latency over the stages in flight
-  plus its share of the read bandwidth), `dram_run_efficiency` (DRAM efficiency of the contiguous
-  runs TMA boxes read);
+  `dram_stream_clk` (a CTA's time per stage streaming from DRAM: latency over the stages in flight,
+  `dram_latency_clk`, plus its share of the read bandwidth), `dram_run_efficiency` (DRAM
+  efficiency of the contiguous runs TMA boxes read);
 - `Traffic` (what a whole tiling reads, as each arch's `traffic` counts it), `output_bytes`;
-- per-k-block and per-wave times: `kblock_terms`, `wave_terms`, `slowest` (the bound);
-- per tile and per launch: `epilogue_clk`, `persistent_cost`.
+- per-k-block and per-wave times: `kblock_terms` (with `tile_flops` and `tma_latency_clk`),
+  `wave_terms`, `slowest` (the bound);
+- per tile and per launch: `epilogue_clk`, `persistent_cost` (`persistent_time` its SM side).
 
 Every piece takes scalars or NumPy arrays (one element per candidate): sm_90a costs all its
 candidates at once.
@@ -26,18 +27,23 @@ from jitgemm.problem import DTYPE_BYTES, Problem
 from .device import ArchRates
 
 
-def dram_stream_clk(rates: ArchRates, stages: int, bytes_per_stage: float, active: int) -> float:
-    """Clock cycles one CTA spends per pipeline stage (k-block) streaming `bytes_per_stage` from
-    DRAM while `active` CTAs stream.
+def dram_latency_clk(rates: ArchRates, stages: int) -> float:
+    """The loaded DRAM round trip over the stages the producer of a `stages`-deep pipeline keeps
+    in flight (`dram_latency_clk / (stages - 1)`: a CTA streaming alone is latency bound, so its
+    rate is its bytes in flight over the latency)."""
+    return rates.dram_latency_clk / np.maximum(1, stages - 1)
 
-    Two times in series: the loaded DRAM round trip over the stages the producer keeps in flight
-    (`dram_latency_clk / (stages - 1)`: a CTA streaming alone is latency bound, so its rate is its
-    bytes in flight over the latency), and the CTA's share of the read bandwidth (`active *
-    bytes / dram_read_bytes_per_clk`: the queueing behind the other streams). More streaming CTAs
-    get more of the bandwidth, deeper pipelines more per CTA.
+
+def dram_stream_clk(rates: ArchRates, latency_clk: float, bytes_per_stage: float, active: int) -> float:
+    """Clock cycles one CTA spends per pipeline stage (k-block) streaming `bytes_per_stage` (> 0)
+    from DRAM while `active` CTAs stream.
+
+    Two times in series: the loaded DRAM round trip over the stages in flight (`latency_clk`,
+    see `dram_latency_clk`), and the CTA's share of the read bandwidth (`active * bytes /
+    dram_read_bytes_per_clk`: the queueing behind the other streams). More streaming CTAs get
+    more of the bandwidth, deeper pipelines more per CTA.
     """
-    latency = np.where(np.greater(bytes_per_stage, 0), rates.dram_latency_clk / np.maximum(1, stages - 1), 0.0)
-    return latency + np.maximum(1, active) * bytes_per_stage / rates.dram_read_bytes_per_clk
+    return latency_clk + np.maximum(1, active) * bytes_per_stage / rates.dram_read_bytes_per_clk
 
 
 def mma_rate(rates: ArchRates, num_sms: int, busy_ctas: int) -> float:
@@ -83,12 +89,22 @@ def kblock_terms(
     ingress = tr.ingress * slice_bytes / tr.cta_tiles
     mma = rates.mma_flops_per_clk if mma_flops_per_clk is None else mma_flops_per_clk
     terms = {
-        "mma": 2 * block_m * block_n * block_k / mma,
+        "mma": tile_flops(block_m, block_n, block_k) / mma,
         "smem": smem_clk,
         "l2_ingress": ingress / rates.l2_sm_bytes_per_clk,
-        "latency": rates.load_latency_clk / np.maximum(1, num_stages - 1),
+        "latency": tma_latency_clk(rates, num_stages),
     }
     return terms, tr.l2_reads * slice_bytes / tr.cta_tiles
+
+
+def tile_flops(block_m: int, block_n: int, block_k: int) -> int:
+    """Tensor-core FLOPs of one k-block of a block_m x block_n tile."""
+    return 2 * block_m * block_n * block_k
+
+
+def tma_latency_clk(rates: ArchRates, stages: int) -> float:
+    """The TMA load round trip over the depth of a `stages`-deep pipeline."""
+    return rates.load_latency_clk / np.maximum(1, stages - 1)
 
 
 def wave_terms(rates: ArchRates, fixed: dict, l2_read, active_ctas, **more) -> tuple[dict, object, object]:
@@ -128,6 +144,12 @@ def persistent_cost(w: Waves, cluster, wave_time: Callable, hbm_clk, tail_clk=0.
     time to stream what must come from DRAM once (the bound is then "hbm")."""
     full, bound = wave_time(w.slots * cluster)
     last, _ = wave_time(w.last_wave_tiles * cluster)
-    sm_time = (w.waves - 1) * full + last + tail_clk
+    sm_time = persistent_time(w, full, last, tail_clk)
     bound = np.where(hbm_clk >= sm_time, "hbm", bound)
     return np.maximum(sm_time, hbm_clk), sm_time, bound
+
+
+def persistent_time(w: Waves, full_clk, last_clk, tail_clk=0.0):
+    """SM-side time of a persistent kernel: every wave of `w` but the last takes `full_clk`, the
+    last `last_clk`, then `tail_clk`."""
+    return (w.waves - 1) * full_clk + last_clk + tail_clk

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jitgemm.config import KernelConfig
+from jitgemm.config import K_BLOCK_BYTES, KernelConfig
 from jitgemm.geometry import ceil_div, kernel_shape
 from jitgemm.problem import DTYPE_BYTES, Problem
 
@@ -43,7 +43,7 @@ def base_config(problem: Problem, device: DeviceSpec, **tile) -> KernelConfig:
         a_major=problem.a_major,
         b_major=problem.b_major,
         has_c=problem.has_c,
-        block_k=128 // DTYPE_BYTES[problem.dtype],
+        block_k=K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype],
         num_stages=2,
         **tile,
     )
@@ -128,19 +128,20 @@ SMALL_TILE_ELEMS = 128 * 192
 
 
 def max_stages(
-    cfg: KernelConfig, capacity: int, cap: int = MAX_STAGES, *, smem_of: Callable[[KernelConfig], int]
+    cfg: KernelConfig, capacity: int, cap: int = MAX_STAGES, *, smem_of: Callable[[KernelConfig, int], int]
 ) -> int:
     """Most pipeline stages (2..`cap`) for which `cfg` fits `capacity` bytes of shared memory, or
     0 when not even 2 stages fit. `cfg.num_stages` is ignored.
 
-    `smem_of(cfg) -> bytes` is the arch's shared-memory formula (e.g. its layout's smem_bytes).
-    It must grow with `num_stages`; the answer is solved from the per-stage slope and then
-    checked, so it costs a handful of calls, not one per stage count.
+    `smem_of(cfg, stages) -> bytes` is the arch's shared-memory formula (e.g. its layout's
+    smem_bytes with that many stages, see `at_stages`). It must grow with the stage count; the
+    answer is solved from the per-stage slope and then checked, so it costs a handful of calls,
+    not one per stage count.
     `cap` must stay within the stage range KernelConfig accepts (2..16).
     """
 
     def smem(stages: int) -> int:
-        return smem_of(KernelConfig(**{**cfg.to_dict(), "num_stages": stages}))
+        return smem_of(cfg, stages)
 
     base = smem(2)
     if base > capacity:
@@ -172,8 +173,13 @@ def stage_rule(block_m: int, block_n: int, stages: int) -> str | None:
     return None
 
 
+def at_stages(smem_of: Callable[[KernelConfig], int]) -> Callable[[KernelConfig, int], int]:
+    """A `max_stages` formula from `smem_of(cfg)`, a formula that reads the stage count from the config."""
+    return lambda cfg, stages: smem_of(with_fields(cfg, num_stages=stages))
+
+
 def with_stages(
-    cfg: KernelConfig, device: DeviceSpec, smem_of: Callable[[KernelConfig], int]
+    cfg: KernelConfig, device: DeviceSpec, smem_of: Callable[[KernelConfig, int], int]
 ) -> tuple[KernelConfig, int]:
     """(`cfg` with as many pipeline stages as fit the device's shared memory (capped at
     MAX_STAGES; at least 2), the count that fits (0 when not even 2 do)). `smem_of`: the

@@ -70,7 +70,7 @@ def screen(
     layouts: Iterable[tuple[str, str | None, dict]],
     structural: Callable[[KernelConfig], list[str]],
     rejected: list,
-    smem_of: Callable[[KernelConfig], int],
+    smem_of: Callable[[KernelConfig, int], int],
 ) -> Iterator[KernelConfig]:
     """The rules every arch applies after its own, in order, to tile layouts.
 

@@ -204,7 +204,7 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
 def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int]:
     """(`cfg` with as many pipeline stages as fit shared memory (capped; at least 2), the count
     that fits (0 when not even 2 do))."""
-    return rules.with_stages(cfg, device, smem_of=smem_bytes)
+    return rules.with_stages(cfg, device, smem_of=rules.at_stages(smem_bytes))
 
 
 def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
@@ -250,7 +250,9 @@ def candidates(problem: Problem, device: DeviceSpec) -> tuple[list[Candidate], l
     rejected = []
     legal = [
         cost_of(problem, device, cfg)
-        for cfg in screen(problem, device, _layouts(problem, device), structural_problems, rejected, smem_bytes)
+        for cfg in screen(
+            problem, device, _layouts(problem, device), structural_problems, rejected, rules.at_stages(smem_bytes)
+        )
     ]
     return legal, rejected
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -42,24 +43,27 @@ from jitgemm.archs.sm90.layout import (
     KernelLayout,
     layout_of,
     pair_along,
+    pipeline_bytes,
     splits_per_read,
     structural_problems,
 )
-from jitgemm.config import KernelConfig
+from jitgemm.config import K_BLOCK_BYTES, KernelConfig
 from jitgemm.geometry import Waves, ceil_div, choose_raster, covered_extent, kernel_shape, waves_of
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 from . import rules
 from .cost import (
     Traffic,
+    dram_latency_clk,
     dram_run_efficiency,
     dram_stream_clk,
     epilogue_clk,
-    kblock_terms,
     mma_rate,
     output_bytes,
-    persistent_cost,
-    wave_terms,
+    persistent_time,
+    slowest,
+    tile_flops,
+    tma_latency_clk,
 )
 from .device import ArchRates, DeviceSpec
 from .rules import MIN_STAGES, config_problems, with_fields
@@ -98,6 +102,7 @@ CLUSTERS = ((1, "none"), (2, "A"), (2, "B"))
 
 # Split-K: candidate maximum split counts (KernelConfig.split_k) and the bounds on them.
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+SPLIT_VALUES = np.asarray(SPLITS)
 MIN_KB_PER_SPLIT = 4  # keep >= 4 K blocks per split: shorter ones do not amortise the fix-up
 SPLITK_ACC_REG_LIMIT = 96  # split 0 holds its accumulators and a whole split of partials in
 # registers: m128n224 (112 accumulators) split 2 spills (NVRTC, sm_90a)
@@ -236,13 +241,19 @@ def shared_wave(problem: Problem, device: DeviceSpec, block_m, block_n, splits, 
     out: with them 2048x576x7168 took m64n144 A pairs with a B tail, 42.9 (one math warpgroup
     of 64 rows runs its SM's tensor cores well below the model's rate). Elementwise over arrays."""
     num_m = ceil_div(problem.m, block_m)
-    units = num_m * ceil_div(problem.n, block_n) * splits
-    return (
-        (block_m >= 128)
-        & (num_m >= SHARED_WAVE_M_BLOCKS)
-        & (problem.n >= SHARED_WAVE_MIN_N)
-        & (units <= device.num_sms // cluster * cluster)
-    )
+    work = num_m * ceil_div(problem.n, block_n) * splits
+    return _wide_wave_tiles(problem, block_m, num_m) & (work <= device.num_sms // cluster * cluster)
+
+
+def _wide_wave_tiles(problem: Problem, block_m, num_m):
+    """`shared_wave` but for its one-wave condition: tiles of `block_m` rows in `num_m` m blocks."""
+    return (block_m >= 128) & (num_m >= SHARED_WAVE_M_BLOCKS) & (problem.n >= SHARED_WAVE_MIN_N)
+
+
+def _shared_wave_possible(problem: Problem) -> bool:
+    """Whether any layout can run `problem` in a shared wave: tiles of 128 rows make the most m
+    blocks of those it takes."""
+    return bool(_wide_wave_tiles(problem, 128, ceil_div(problem.m, 128)))
 
 
 def _multicast_is_single_wave(problem: Problem, device: DeviceSpec, block_m, block_n, splits, shares_a):
@@ -250,6 +261,16 @@ def _multicast_is_single_wave(problem: Problem, device: DeviceSpec, block_m, blo
     num_m = ceil_div(problem.m, block_m)
     exempt = np.where(shares_a, shared_wave(problem, device, block_m, block_n, splits, 2), num_m == 2)
     return ~exempt & (num_m * ceil_div(problem.n, block_n) * splits <= device.num_sms)
+
+
+def _single_wave_splits(problem: Problem, device: DeviceSpec, block_m, num_m, tiles, shares_a):
+    """Up to how many splits `single_wave_rule` removes a pair sharing A (else B) of `tiles`
+    tiles in `num_m` m blocks: the rule applies at split s exactly when s <= this (0: never).
+    Pairs run only on an even SM count (`_pre_rule`), where a wave of pairs is within the grid
+    whenever it is within the SM count, so whether the rule's exception applies does not
+    depend on the split (elementwise over arrays)."""
+    exempt = np.where(shares_a, _wide_wave_tiles(problem, block_m, num_m), num_m == 2)
+    return np.where(exempt, 0, device.num_sms // tiles)
 
 
 def single_wave_rule(
@@ -273,16 +294,18 @@ def single_wave_rule(
     return f"no multicast: the problem is a single wave ({what} <= {device.num_sms} SMs)"
 
 
-def _split_allowed(problem: Problem, device: DeviceSpec, block_m, block_n, cluster, shares, block_k):
-    """Which of SPLITS `split_choices` allows: a boolean array over SPLITS (last axis), for
-    arrays of layouts as well (given as column vectors). `shares`: (shares A, shares B)."""
-    splits = np.asarray(SPLITS)
-    k_blocks = ceil_div(problem.k, block_k)
-    units = geometry.cluster_units(ceil_div(problem.m, block_m), ceil_div(problem.n, block_n), shares[1], shares[0])
-    slots = np.maximum(1, device.num_sms // cluster)
-    fits = (splits * MIN_KB_PER_SPLIT <= k_blocks) & (units * splits <= slots)
-    fits &= acc_regs(block_m, block_n, num_consumers_for(block_m)) <= SPLITK_ACC_REG_LIMIT
-    return fits | (splits == 1)
+def _split_count(units, k_blocks: int, split_slots):
+    """How many of SPLITS (a prefix of them) `split_choices` allows a layout of `units` cluster
+    units per split over `k_blocks` K blocks, on a grid of `split_slots` cluster slots (0 for
+    a tile whose accumulators leave no room for split-K; elementwise over arrays)."""
+    most = np.minimum(k_blocks // MIN_KB_PER_SPLIT, split_slots // units)
+    return np.maximum(1, np.searchsorted(SPLIT_VALUES, most, side="right"))
+
+
+def _split_slots(device: DeviceSpec, cluster, acc):
+    """The cluster slots split-K may fill with tiles of `acc` accumulators per math thread
+    (0 where split-K's reducer has no room; elementwise over arrays)."""
+    return np.where(acc <= SPLITK_ACC_REG_LIMIT, np.maximum(1, device.num_sms // cluster), 0)
 
 
 def split_choices(
@@ -292,9 +315,9 @@ def split_choices(
     split >= MIN_KB_PER_SPLIT K blocks and the work units (cluster tiles x splits) within one
     wave of the persistent grid; only 1 for tiles of more than SPLITK_ACC_REG_LIMIT
     accumulators per math thread."""
-    shares = (multicast == "A", multicast == "B")
-    allowed = _split_allowed(problem, device, block_m, block_n, cluster, shares, block_k)
-    return [s for s, ok in zip(SPLITS, allowed) if ok]
+    units = cluster_tiles_of(problem, block_m, block_n, multicast)
+    slots = _split_slots(device, cluster, acc_regs(block_m, block_n, num_consumers_for(block_m)))
+    return list(SPLITS[: int(_split_count(units, ceil_div(problem.k, block_k), slots))])
 
 
 def cluster_tiles_of(problem: Problem, block_m: int, block_n: int, multicast: str) -> int:
@@ -331,90 +354,94 @@ def partial_rows(m: int, block_m: int, num_consumers: int) -> int:
     wg_m = block_m // num_consumers
     full, rest = divmod(m, block_m)
     total = full * block_m
-    if rest:
-        for wg in range(num_consumers):
-            left = rest - wg * wg_m
-            total += sum(2 * min(8, max(0, left - g)) for g in range(0, wg_m, 16))
+    for wg in range(num_consumers):
+        live = min(max(0, rest - wg * wg_m), wg_m)  # rows of the last tile in this warpgroup
+        groups, tail = divmod(live, 16)
+        total += groups * 16 + 2 * min(8, tail)
     return total
 
 
 # ----------------------------------------------------------------------------- cost model
 #
 # The model costs many candidates at once: `Tiles` holds tile layouts as columns (one element
-# per candidate), and every term below is elementwise over them.
+# per candidate), `_Tiling` what tiling the problem with each of them counts, and every term
+# below is elementwise over them.
 
 
 MULTICASTS = ("A", "B", "none")  # in the order of their names (the ranking's tie-break)
 
 
-@dataclass(frozen=True)
 class Tiles:
-    """Candidates as columns: tile layouts with what the cost model reads of their layouts."""
+    """Candidates as columns: tile layouts with what the cost model reads of their layouts.
 
-    configs: tuple  # the configs the rows were made from (split_k 1)
-    origin: np.ndarray  # per row: its index in `configs`
+    The columns are the rows of two tables, `ints` and `times` (the clock cycles the tile alone
+    takes, at RATES), so that `take` is two gathers."""
+
+    INTS = (
+        "origin",  # per row: its index in `configs`
+        "split_k",
+        "block_m",
+        "block_n",
+        "b_box",  # columns of B one tile loads (see b_box_of)
+        "shares_a",
+        "shares_b",
+        "a_piece",  # MN elements per TMA box (MN-major: a DRAM run, see dram_runs)
+        "b_piece",
+        "num_stages",
+        "cluster_size",
+        "multicast",  # the index of cfg.multicast in MULTICASTS
+        "acc_regs",
+        "smem_bytes",
+        "flops",  # tensor-core FLOPs of one k-block
+    )
+    TIMES = (
+        "smem_clk",  # per k-block: shared-memory traffic (see _times)
+        "latency_clk",  # the TMA round trip over the pipeline depth
+        "dram_latency_clk",  # the loaded DRAM round trip over the stages in flight
+        "epilogue_clk",  # per unit
+    )
+    origin: np.ndarray
+    split_k: np.ndarray
     block_m: np.ndarray
     block_n: np.ndarray
-    block_k: np.ndarray
-    num_stages: np.ndarray
-    num_consumers: np.ndarray
-    cluster_size: np.ndarray
-    multicast: np.ndarray  # the index of cfg.multicast in MULTICASTS
-    shares_a: np.ndarray  # a pair sharing A
+    b_box: np.ndarray
+    shares_a: np.ndarray
     shares_b: np.ndarray
-    split_k: np.ndarray
-    a_tile_bytes: np.ndarray
-    b_tile_bytes: np.ndarray
-    b_tail: np.ndarray  # B ends in a narrow tail (a second wgmma per atom)
-    b_box: np.ndarray  # see b_box_of
-    a_major_is_k: np.ndarray
-    b_major_is_k: np.ndarray
-    a_piece: np.ndarray  # MN elements per TMA box of the tile (MN-major: a DRAM run, see dram_runs)
+    a_piece: np.ndarray
     b_piece: np.ndarray
+    num_stages: np.ndarray
+    cluster_size: np.ndarray
+    multicast: np.ndarray
     acc_regs: np.ndarray
     smem_bytes: np.ndarray
+    flops: np.ndarray
+    smem_clk: np.ndarray
+    latency_clk: np.ndarray
+    dram_latency_clk: np.ndarray
+    epilogue_clk: np.ndarray
+
+    def __init__(self, configs: tuple, ints: np.ndarray, times: np.ndarray):
+        self.configs = configs  # the configs the rows were made from (split_k 1)
+        self.ints, self.times = ints, times
+        self.__dict__.update(zip(self.INTS + self.TIMES, (*ints, *times)))
 
     @classmethod
     def of(cls, configs) -> Tiles:
         rows = [(cfg, layout_of(cfg)) for cfg in configs]
-
-        def column(value) -> np.ndarray:
-            return np.array([value(cfg, lay) for cfg, lay in rows])
-
-        return cls(
-            tuple(configs),
-            np.arange(len(rows)),
-            column(lambda c, _: c.block_m),
-            column(lambda c, _: c.block_n),
-            column(lambda c, _: c.block_k),
-            column(lambda c, _: c.num_stages),
-            column(lambda c, _: c.num_consumers),
-            column(lambda c, _: c.cluster_size),
-            column(lambda c, _: MULTICASTS.index(c.multicast)),
-            column(lambda c, _: c.multicast == "A"),
-            column(lambda c, _: c.multicast == "B"),
-            column(lambda c, _: c.split_k),
-            column(lambda _, lay: lay.a.tile_bytes),
-            column(lambda _, lay: lay.b.tile_bytes),
-            column(lambda _, lay: lay.b.tail is not None),
-            column(lambda c, lay: _b_box(c, lay)),
-            column(lambda _, lay: lay.a.major_is_k),
-            column(lambda _, lay: lay.b.major_is_k),
-            column(lambda _, lay: lay.a.piece_extent),
-            column(lambda _, lay: lay.b.piece_extent),
-            column(lambda _, lay: lay.acc_regs),
-            column(lambda _, lay: lay.smem_bytes),
-        )
+        ints = np.array([_ints(i, cfg, lay) for i, (cfg, lay) in enumerate(rows)], dtype=np.int64)
+        times = np.array([_times(cfg, lay) for cfg, lay in rows], dtype=np.float64)
+        shape = (len(rows), len(cls.INTS)), (len(rows), len(cls.TIMES))
+        return cls(tuple(configs), ints.reshape(shape[0]).T.copy(), times.reshape(shape[1]).T.copy())
 
     def take(self, rows: np.ndarray, split_k: np.ndarray | None = None) -> Tiles:
         """These rows (an index array), with split_k replaced when given."""
-        fields = {f: getattr(self, f)[rows] for f in self.__dataclass_fields__ if f != "configs"}
+        ints = self.ints[:, rows]
         if split_k is not None:
-            fields["split_k"] = split_k
-        return Tiles(self.configs, **fields)
+            ints[1] = split_k
+        return Tiles(self.configs, ints, self.times[:, rows])
 
     def __len__(self) -> int:
-        return len(self.origin)
+        return self.ints.shape[1]
 
     def config(self, i: int) -> KernelConfig:
         """The config of row i."""
@@ -422,52 +449,110 @@ class Tiles:
         return cfg if cfg.split_k == self.split_k[i] else with_fields(cfg, split_k=int(self.split_k[i]))
 
 
+def _ints(origin: int, cfg: KernelConfig, lay: KernelLayout) -> tuple:
+    """The int columns of `Tiles` of one config."""
+    return (
+        origin,
+        cfg.split_k,
+        cfg.block_m,
+        cfg.block_n,
+        _b_box(cfg, lay),
+        cfg.multicast == "A",
+        cfg.multicast == "B",
+        lay.a.piece_extent,
+        lay.b.piece_extent,
+        cfg.num_stages,
+        cfg.cluster_size,
+        MULTICASTS.index(cfg.multicast),
+        lay.acc_regs,
+        lay.smem_bytes,
+        tile_flops(cfg.block_m, cfg.block_n, cfg.block_k),
+    )
+
+
+def _times(cfg: KernelConfig, lay: KernelLayout) -> tuple:
+    """The time columns of `Tiles` of one config. Shared memory, as DeepGEMM counts it: TMA
+    writes of the stage (MN-major pieces padded to the swizzle width) plus one wgmma read of
+    each operand tile; a B tail takes a second wgmma per atom, which reads the A tile again."""
+    a_reads = 2 if cfg.b_tail else 1
+    smem = lay.a.tile_bytes + lay.b.tile_bytes + (a_reads * cfg.block_m + cfg.block_n) * K_BLOCK_BYTES
+    out_bytes = cfg.block_m * cfg.block_n * DTYPE_BYTES[cfg.out_dtype]
+    return (
+        smem / RATES.smem_bytes_per_clk,
+        tma_latency_clk(RATES, cfg.num_stages),
+        dram_latency_clk(RATES, cfg.num_stages),
+        epilogue_clk(RATES, out_bytes, cfg.has_c, EPILOGUE_FIXED_CLK, C_LOAD_LATENCY_CLK),
+    )
+
+
 def _b_box(cfg: KernelConfig, lay: KernelLayout) -> int:
     b = lay.mma_b
     return cfg.block_n if b.major_is_k or b.tail else b.num_pieces * b.piece_extent
 
 
-def traffic(problem: Problem, block_m: int, block_n: int, b_box: int, multicast: str) -> Traffic:
-    """Operand traffic of a tiling sharing `multicast`."""
-    return _traffic(problem, block_m, block_n, b_box, multicast == "A", multicast == "B")
-
-
-def _traffic(problem: Problem, block_m, block_n, b_box, share_a, share_b) -> Traffic:
-    """`traffic`, the pair side as flags (elementwise over arrays)."""
-    m, n = problem.m, problem.n
-    num_m, num_n = ceil_div(m, block_m), ceil_div(n, block_n)
-    a_cov = m  # block_m is a multiple of 64: boxes never overhang
-    b_cov = covered_extent(n, block_n, b_box)
-    last_b = np.minimum(b_box, n - (num_n - 1) * block_n)
-    last_a = m - (num_m - 1) * block_m
-    grid_n = np.where(share_a, ceil_div(num_n, 2), num_n)
-    grid_m = np.where(share_b, ceil_div(num_m, 2), num_m)
-    a_all = np.where(share_b, num_n * (a_cov + last_a * (num_m % 2)), num_n * a_cov)  # A pairs: once per pair
-    b_all = np.where(share_a, num_m * (b_cov + last_b * (num_n % 2)), num_m * b_cov)
-    a_reads = np.where(share_a, grid_n * a_cov, a_all)
-    b_reads = np.where(share_b, grid_m * b_cov, b_all)
-    a_lands = np.where(share_a, 2 * grid_n * a_cov, a_all)
-    b_lands = np.where(share_b, 2 * grid_m * b_cov, b_all)
-    pairs = share_a | share_b
-    return Traffic(
-        np.where(pairs, 2 * grid_m * grid_n, grid_m * grid_n), grid_m * grid_n, a_reads + b_reads, a_lands + b_lands
-    )
-
-
 def b_box_of(cfg: KernelConfig) -> int:
     """Columns of the wgmma's B operand (B, or A under swap_ab) one tile loads: block_n, or
     (MN-major) whole pieces of the layout's swizzle width (64 columns for 128-byte swizzling;
-    narrower swizzles for narrow tiles), unless the tile ends in a narrow tail (`b_tail`)."""
+    narrower swizzles for narrow tiles), unless the tile ends in a narrow tail (`b_tail`).
+    Never fewer than block_n."""
     return _b_box(cfg, layout_of(cfg))
 
 
-def _runs(problem: Problem, t: Tiles) -> tuple:
-    """(A's, B's) contiguous bytes per DRAM run of each candidate (see dram_runs)."""
+@dataclass(frozen=True)
+class _Tiling:
+    """What tiling the problem with each layout of a `Tiles` counts, whatever the split
+    (elementwise): blocks, cluster units, the rows and columns read (see `traffic`), and the
+    operand rows streamed from DRAM, each operand weighted by the DRAM efficiency of its runs
+    (see dram_runs; a scalar where every run is alike)."""
+
+    num_m: Any
+    num_n: Any
+    units: Any  # cluster units (tiles, or pairs of tiles) of one split
+    l2_reads: Any  # rows + columns read out of L2, all CTAs together
+    lands: Any  # ... landing in shared memory (a shared tile in both CTAs of its pair)
+    covered_b: Any  # columns of B the boxes of all column blocks cover
+    dram_rows: Any
+
+    def take(self, rows: np.ndarray) -> _Tiling:
+        return _Tiling(*(v[rows] if np.ndim(v) else v for v in vars(self).values()))
+
+
+def _tiling(problem: Problem, t: Tiles) -> _Tiling:
+    """`_Tiling` of `problem` with the layouts of `t` (whose majors are the problem's)."""
+    num_m, num_n, units, l2_reads, lands, covered_b = _traffic(
+        problem, t.block_m, t.block_n, t.b_box, t.shares_a, t.shares_b
+    )
+    # Each operand weighted by the DRAM efficiency of its runs: one K block of a K-major row,
+    # else a piece of an MN-major one.
     elem = DTYPE_BYTES[problem.dtype]
-    k_run = t.block_k * elem
-    a_run = np.where(t.a_major_is_k, k_run, np.minimum(t.a_piece, problem.m) * elem)
-    b_run = np.where(t.b_major_is_k, k_run, np.minimum(t.b_piece, problem.n) * elem)
-    return a_run, b_run
+    a_run = K_BLOCK_BYTES if problem.a_major == "K" else np.minimum(t.a_piece, problem.m) * elem
+    b_run = K_BLOCK_BYTES if problem.b_major == "K" else np.minimum(t.b_piece, problem.n) * elem
+    dram_rows = problem.m / dram_run_efficiency(RATES, a_run) + covered_b / dram_run_efficiency(RATES, b_run)
+    return _Tiling(num_m, num_n, units, l2_reads, lands, covered_b, dram_rows)
+
+
+def traffic(problem: Problem, block_m: int, block_n: int, b_box: int, multicast: str) -> Traffic:
+    """Operand traffic of a tiling sharing `multicast`."""
+    _, _, units, l2_reads, lands, _ = _traffic(problem, block_m, block_n, b_box, multicast == "A", multicast == "B")
+    return Traffic(int(units) * (1 if multicast == "none" else 2), int(units), int(l2_reads), int(lands))
+
+
+def _traffic(problem: Problem, block_m, block_n, b_box, shares_a, shares_b) -> tuple:
+    """(m blocks, n blocks, cluster units of one split, rows + columns read out of L2, landing
+    in shared memory, columns of B covered) of tilings whose pairs share A or B (elementwise)."""
+    m, n = problem.m, problem.n
+    num_m, num_n = ceil_div(m, block_m), ceil_div(n, block_n)
+    pair_m, pair_n = 1 + shares_b, 1 + shares_a  # tiles of a cluster unit along M, N
+    covered_b = covered_extent(n, block_n, b_box)
+    # A pair whose peer falls past the edge recomputes the last block, reading it again: A's
+    # rows of the last m block (block_m is a multiple of 64: A's boxes never overhang), B's
+    # columns of the last n block (which its box, never narrower than a block, covers).
+    grid_m, grid_n = ceil_div(num_m, pair_m), ceil_div(num_n, pair_n)  # cluster units along M, N
+    a_reads = grid_n * (m + shares_b * ((m - 1) % block_m + 1) * (num_m % 2))  # once per column of units
+    b_reads = grid_m * (covered_b + shares_a * ((n - 1) % block_n + 1) * (num_n % 2))  # ... per row
+    units = grid_m * grid_n
+    # A shared tile lands in both CTAs of its pair.
+    return num_m, num_n, units, a_reads + b_reads, a_reads * pair_n + b_reads * pair_m, covered_b
 
 
 def dram_runs(problem: Problem, cfg: KernelConfig) -> tuple[int, int]:
@@ -477,102 +562,106 @@ def dram_runs(problem: Problem, cfg: KernelConfig) -> tuple[int, int]:
     narrow swizzles of narrow tiles; clipped at the matrix edge). The pieces of one K row are
     adjacent but separate requests: measured, m64n48 (three 16-column pieces) streams
     128x576x7168 in 22.7 us against 16.8 for m64n32 (one 32-column piece) and 16.7 for m64n64."""
-    a_run, b_run = _runs(problem, Tiles.of([cfg]))
-    return int(a_run[0]), int(b_run[0])
+    lay, elem = layout_of(cfg), DTYPE_BYTES[problem.dtype]
+    a_run = K_BLOCK_BYTES if lay.a.major_is_k else min(lay.a.piece_extent, problem.m) * elem
+    b_run = K_BLOCK_BYTES if lay.b.major_is_k else min(lay.b.piece_extent, problem.n) * elem
+    return a_run, b_run
 
 
-def costs(problem: Problem, device: DeviceSpec, t: Tiles) -> dict:
-    """Model the run time of each candidate of `t` on `problem` (clock cycles): a dict of
-    arrays, "cost" and "sm_time" among them, and the terms `explain` reports (see `_terms`).
-    The model reads tiles in user coordinates: swap_ab configs (forced only) are not modelled."""
-    r = device.rates
-    elem = DTYPE_BYTES[problem.dtype]
-    out_elem = DTYPE_BYTES[problem.out_dtype]
-    bm, bn, bk, cluster = t.block_m, t.block_n, t.block_k, t.cluster_size
-    tr = _traffic(problem, bm, bn, t.b_box, t.shares_a, t.shares_b)
-    num_m = ceil_div(problem.m, bm)
-    k_blocks = ceil_div(problem.k, bk)
-    splits = geometry.splits_used(t.split_k, bk, problem.k)
+def costs(problem: Problem, device: DeviceSpec, t: Tiles, til: _Tiling, report: bool = False) -> dict:
+    """Model the run time of each candidate of `t` (`til` its tiling of `problem`), clock
+    cycles: a dict of arrays, "cost", "sm_time", "traffic" and "splits" (what `_order` ranks
+    by), and with `report` the other terms `explain` reports (see `_terms`). The model reads
+    tiles in user coordinates: swap_ab configs (forced only) are not modelled. Rates: RATES
+    (`device.rates` of every sm_90a device)."""
+    r = RATES
+    cluster = t.cluster_size
+    k_blocks = ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype])
+    splits = np.minimum(t.split_k, k_blocks)  # at most one per K block, so no split is empty
     kb_unit = ceil_div(k_blocks, splits)  # the longest split's K blocks
-    slice_bytes = bk * elem  # one row/column of a k-block
+    cta_tiles = til.units * cluster  # including a pair's recomputed peer past the edge
+    tr = Traffic(cta_tiles, til.units, til.l2_reads, til.lands)
 
-    w = waves_of(tr.cluster_tiles * splits, device.num_sms // cluster)
-    slots_ctas = w.slots * cluster
-    l2_gain = np.where(shared_wave(problem, device, bm, bn, splits, cluster), r.l2_shared_wave_gain, 1.0)
+    w = waves_of(til.units * splits, device.num_sms // cluster)
+    # CTAs busy in a full wave (the first row) and in the last (the second): every term that
+    # depends on them is counted for both at once.
+    active = np.array((w.slots, w.last_wave_tiles)) * cluster
+    l2_gain = 1.0
+    if _shared_wave_possible(problem):
+        work = til.num_m * til.num_n * splits
+        shared = _wide_wave_tiles(problem, t.block_m, til.num_m) & (work <= device.num_sms // cluster * cluster)
+        l2_gain = np.where(shared, r.l2_shared_wave_gain, 1.0)
 
-    # Per k-block of one CTA. Shared memory, as DeepGEMM counts it: TMA writes of the stage
-    # (MN-major pieces padded to the swizzle width) plus one wgmma read of each operand tile.
-    # The tensor-core rate follows the CTAs the persistent grid keeps busy (the clock credit).
-    # A B tail takes a second wgmma per atom, which reads the A tile again.
-    a_reads = np.where(t.b_tail, 2, 1)
-    t_smem = (t.a_tile_bytes + t.b_tile_bytes + (a_reads * bm + bn) * slice_bytes) / r.smem_bytes_per_clk
-    ingress = tr.ingress * slice_bytes / tr.cta_tiles  # bytes landing in one CTA per k-block
-    tile = (bm, bn, bk, t.num_stages)
-    per_cta, l2_read = kblock_terms(r, tile, tr, slice_bytes, t_smem, mma_rate(r, device.num_sms, slots_ctas))
+    # Per k-block of one CTA (`Tiles` holds the times of the tile alone). The tensor-core rate
+    # follows the CTAs the persistent grid keeps busy (the clock credit).
+    ingress = til.lands * K_BLOCK_BYTES / cta_tiles  # bytes landing in one CTA per k-block
+    mma = t.flops / mma_rate(r, device.num_sms, active[0])
+    l2_ingress = ingress / r.l2_sm_bytes_per_clk
+    fixed = np.maximum(np.maximum(mma, t.smem_clk), np.maximum(l2_ingress, t.latency_clk))
+    l2_read = til.l2_reads * K_BLOCK_BYTES / cta_tiles
     # Bytes per CTA per k-block that come from DRAM: A once, B once per column block as its
     # boxes cover it (the overhang of padded pieces is fetched by both neighbours at the same
     # time: it comes from DRAM twice), spread over the tiles (the m blocks of a column share B
-    # through L2), each operand weighted by the DRAM efficiency of its runs (see dram_runs).
-    eff_a, eff_b = (dram_run_efficiency(r, run) for run in _runs(problem, t))
-    b_cov = covered_extent(problem.n, bn, t.b_box)
-    dram_read = (problem.m / eff_a + b_cov / eff_b) * slice_bytes / tr.cta_tiles
+    # through L2).
+    dram_read = til.dram_rows * K_BLOCK_BYTES / cta_tiles
+    l2 = active * (l2_read / l2_gain) / r.l2_total_bytes_per_clk
+    dram = dram_stream_clk(r, t.dram_latency_clk, dram_read, active)
+    delivery = active * ingress / (r.l2_delivery_bytes_per_clk * l2_gain)
+    slowest_clk = np.maximum(np.maximum(fixed, l2), np.maximum(dram, delivery))
 
-    epilogue = epilogue_clk(r, bm * bn * out_elem, problem.has_c, EPILOGUE_FIXED_CLK, C_LOAD_LATENCY_CLK)
+    # Per launch: the kernel's launch, ramp and drain; split-K's measured extra besides.
+    split = splits > 1
+    if report or split.any():
+        fixup, rounds, ws_total = _splitk_terms(problem, t, splits, til.num_m, cta_tiles, active)
+        launch = r.launch_clk + np.where(split, SPLITK_LAUNCH_CLK, 0)
+    else:  # nothing to fix up
+        fixup, rounds, ws_total, launch = 0.0, 0, 0, r.launch_clk
+    clk = kb_unit * slowest_clk + fixup + t.epilogue_clk  # of a unit, in a full wave and in the last
+    sm_time = persistent_time(w, clk[0], clk[1])
 
-    # Split-K: splits 1.. park their fp32 partial tiles (only live rows) in the workspace;
-    # split 0 reads them back and runs the epilogue.
-    rows_of = {b: partial_rows(problem.m, b, num_consumers_for(b)) for b in BLOCK_MS}
-    rows = np.choose(np.searchsorted(BLOCK_MS, bm), [rows_of[b] for b in BLOCK_MS])  # per column of tiles, split
-    ws_tile = rows / num_m * bn * PARTIAL_BYTES  # bytes one split of a tile stores
-    ws_total = (splits - 1) * rows * bn * PARTIAL_BYTES * (tr.cta_tiles // num_m)
+    # The DRAM floor: the operands at the read-only streaming rate, output and workspace at the
+    # copy rate.
+    dram_bytes = til.dram_rows * problem.k * DTYPE_BYTES[problem.dtype]
+    hbm_time = dram_bytes / r.dram_read_bytes_per_clk + (output_bytes(problem) + ws_total) / r.hbm_bytes_per_clk
+    out = {"cost": np.maximum(sm_time, hbm_time) + launch, "sm_time": sm_time, "traffic": tr, "splits": splits}
+    if report:
+        terms = {"mma": mma, "smem": t.smem_clk, "l2_ingress": l2_ingress, "latency": t.latency_clk}
+        terms.update(l2=l2[0], dram=dram[0], delivery=delivery[0])
+        out.update(
+            bound=np.where(hbm_time >= sm_time, "hbm", slowest(terms)[0]),
+            hbm_time=hbm_time,
+            waves=w,
+            kb_unit=kb_unit,
+            dram_efficiency=np.broadcast_to((problem.m + til.covered_b) / til.dram_rows, sm_time.shape),
+            launch=launch,
+            fixup=fixup[0],
+            rounds=rounds,
+            ws_total=ws_total,
+        )
+    return out
+
+
+def _splitk_terms(problem: Problem, t: Tiles, splits, num_m, cta_tiles, active) -> tuple:
+    """(the split-K fix-up of a unit while `active` CTAs run (0 without a split), its L2 round
+    trips, the workspace bytes). Splits 1.. park their fp32 partial tiles (only live rows) in
+    the workspace; split 0 reads them back and runs the epilogue."""
+    r = RATES
+    rows_of = [partial_rows(problem.m, b, num_consumers_for(b)) for b in BLOCK_MS]
+    rows = np.array(rows_of)[np.searchsorted(BLOCK_MS, t.block_m)]  # per column of tiles, split
+    ws_tile = rows / num_m * t.block_n * PARTIAL_BYTES  # bytes one split of a tile stores
+    ws_total = (splits - 1) * rows * t.block_n * PARTIAL_BYTES * (cta_tiles // num_m)
     split = splits > 1
     rounds = np.where(
         split, SPLITK_SYNC_ROUND_TRIPS + _readback_rounds(splits_per_read(t.split_k, t.acc_regs), splits), 0
     )
-
-    def fixup(active_ctas):
-        own = (splits - 1) * ws_tile / r.l2_sm_bytes_per_clk  # split 0 reads the others back
-        # on average a CTA moves 2 (S - 1) / S partials: splits 1.. store one, split 0 reads S - 1
-        chip = active_ctas * 2 * (splits - 1) / splits * ws_tile / r.l2_total_bytes_per_clk
-        return np.where(split, rounds * L2_ROUND_TRIP_CLK + np.maximum(own, chip), 0.0)
-
-    def wave_time(active_ctas):
-        _, bound, slowest_clk = wave_terms(
-            r,
-            per_cta,
-            l2_read / l2_gain,
-            active_ctas,
-            dram=dram_stream_clk(r, t.num_stages, dram_read, active_ctas),
-            delivery=active_ctas * ingress / (r.l2_delivery_bytes_per_clk * l2_gain),
-        )
-        return kb_unit * slowest_clk + fixup(active_ctas) + epilogue, bound
-
-    # The DRAM floor: the operands at the read-only streaming rate, output and workspace at the
-    # copy rate.
-    dram = (problem.m / eff_a + b_cov / eff_b) * problem.k * elem
-    hbm_time = dram / r.dram_read_bytes_per_clk + (output_bytes(problem) + ws_total) / r.hbm_bytes_per_clk
-    cost, sm_time, bound = persistent_cost(w, cluster, wave_time, hbm_time)
-    # Per launch: the kernel's launch, ramp and drain; split-K's measured extra besides.
-    launch = r.launch_clk + np.where(split, SPLITK_LAUNCH_CLK, 0)
-    return {
-        "cost": cost + launch,
-        "sm_time": sm_time,
-        "bound": bound,
-        "hbm_time": hbm_time,
-        "waves": w,
-        "traffic": tr,
-        "splits": splits,
-        "kb_unit": kb_unit,
-        "dram_efficiency": (problem.m + b_cov) / (problem.m / eff_a + b_cov / eff_b),
-        "launch": launch,
-        "fixup": fixup(slots_ctas),
-        "rounds": rounds,
-        "ws_total": ws_total,
-    }
+    own = (splits - 1) * ws_tile / r.l2_sm_bytes_per_clk  # split 0 reads the others back
+    # on average a CTA moves 2 (S - 1) / S partials: splits 1.. store one, split 0 reads S - 1
+    chip = active * 2 * (splits - 1) / splits * ws_tile / r.l2_total_bytes_per_clk
+    return np.where(split, rounds * L2_ROUND_TRIP_CLK + np.maximum(own, chip), 0.0), rounds, ws_total
 
 
 def _terms(problem: Problem, device: DeviceSpec, t: Tiles, c: dict, i: int) -> dict:
-    """The cost terms `explain` reports for candidate `i` of `costs`' answer `c`."""
+    """The cost terms `explain` reports for candidate `i` of `costs`' answer `c` (with `report`)."""
     w, tr = c["waves"], c["traffic"]
     elem = DTYPE_BYTES[problem.dtype]
     wave = Waves(int(w.tiles[i]), int(w.slots[i]), int(w.waves[i]), int(w.last_wave_tiles[i]))
@@ -607,16 +696,21 @@ def _order(t: Tiles, c: dict, top: int) -> list[int]:
     at the DRAM floor, or several tensor-core bound) go to the faster SM-side time, then to less
     L2 traffic (robust if the L2 rates are off), then to fewer splits, no cluster, the smaller
     tile (less padding), block_m, block_n, the multicast side, and last the config name."""
+    cost = c["cost"].round(6)
+    # Only the rows as cheap as the top-th cheapest can be among the first `top`.
+    rows = np.flatnonzero(cost <= np.partition(cost, min(top, len(cost)) - 1)[min(top, len(cost)) - 1])
+    if len(rows) == 1:
+        return [int(rows[0])]
     keys = (
-        np.round(c["cost"], 6),
-        np.round(c["sm_time"], 6),
-        c["traffic"].l2_reads,
-        c["splits"],
-        t.cluster_size,
-        t.block_m * t.block_n,
-        t.block_m,
-        t.block_n,
-        t.multicast,
+        cost[rows],
+        np.round(c["sm_time"][rows], 6),
+        c["traffic"].l2_reads[rows],
+        c["splits"][rows],
+        t.cluster_size[rows],
+        (t.block_m * t.block_n)[rows],
+        t.block_m[rows],
+        t.block_n[rows],
+        t.multicast[rows],
     )
     order = np.lexsort(keys[::-1])
     # Rows tied on every numeric key with the last one shown are sorted by name with it.
@@ -626,8 +720,8 @@ def _order(t: Tiles, c: dict, top: int) -> list[int]:
         if tuple(k[i] for k in keys) != tied:
             break
         shown.append(i)
-    shown.sort(key=lambda i: (tuple(k[i] for k in keys), t.config(i).name))
-    return [int(i) for i in shown[:top]]
+    shown.sort(key=lambda i: (tuple(k[i] for k in keys), t.config(rows[i]).name))
+    return [int(rows[i]) for i in shown[:top]]
 
 
 def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidate:
@@ -635,30 +729,25 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     if cfg.swap_ab:
         raise ValueError(f"{cfg.name}: the sm_90a cost model does not model swap_ab configs")
     t = Tiles.of([cfg])
-    c = costs(problem, device, t)
+    c = costs(problem, device, t, _tiling(problem, t), report=True)
     return Candidate(cfg, round(float(c["cost"][0]), 6), (), _terms(problem, device, t, c, 0))
 
 
 # ----------------------------------------------------------------------------- search
 
 
-def _smem_with_whole_staging(cfg: KernelConfig) -> int:
-    lay = layout_of(cfg)
-    return lay.smem_bytes - lay.out_bytes + lay.out_bytes_whole
-
-
-def stage_smem(cfg: KernelConfig) -> int:
-    """Shared memory of `cfg` as the stage count is chosen: with a staging buffer for every
-    store box of the tile, unless that leaves fewer than MIN_STAGES stages (tiles wider than
-    256), which stage their output through a ring of fewer buffers (`layout.epilogue_buffers`).
-    A deeper pipeline bought with fewer buffers did not pay: measured on the H200 (bf16, medians
-    of three passes, us), m128n256 B pairs with 4 stages and 2 of the 4 boxes staged at a time
-    ran 8192^3 in 1659 against 1617 with 3 stages and all 4, 4096x32768x512 in 250 against 247,
-    4096x24576x1536 in 493 against 486."""
-    shallow = with_fields(cfg, num_stages=MIN_STAGES)
-    if _smem_with_whole_staging(shallow) <= SMEM_CAPACITY:
-        return _smem_with_whole_staging(cfg)
-    return layout_of(cfg).smem_bytes
+def stage_smem(cfg: KernelConfig, stages: int) -> int:
+    """Shared memory of `cfg` with `stages` stages as the stage count is chosen: with a staging
+    buffer for every store box of the tile, unless that leaves fewer than MIN_STAGES stages
+    (tiles wider than 256), which stage their output through a ring of fewer buffers
+    (`layout.epilogue_buffers`). A deeper pipeline bought with fewer buffers did not pay:
+    measured on the H200 (bf16, medians of three passes, us), m128n256 B pairs with 4 stages and
+    2 of the 4 boxes staged at a time ran 8192^3 in 1659 against 1617 with 3 stages and all 4,
+    4096x32768x512 in 250 against 247, 4096x24576x1536 in 493 against 486."""
+    lay = layout_of(cfg)  # (the stages and the staging of any stage count's layout are alike)
+    if pipeline_bytes(lay.stage_bytes, MIN_STAGES, cfg.num_consumers) + lay.out_bytes_whole <= SMEM_CAPACITY:
+        return pipeline_bytes(lay.stage_bytes, stages, cfg.num_consumers) + lay.out_bytes_whole
+    return layout_of(with_fields(cfg, num_stages=stages)).smem_bytes
 
 
 def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int]:
@@ -668,21 +757,28 @@ def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, in
 
 
 def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
-    """`cfg` with the L2 raster (side and group size) of the smallest working set. With split-K
-    the consecutive work units of a wave are the splits of fewer tiles."""
-    slots = max(1, device.num_sms // cfg.cluster_size // geometry.num_splits(cfg, problem.k))
+    """`cfg` with the L2 raster (side and group size) of the smallest working set (see `_raster`)."""
+    return with_fields(cfg, **_raster(cfg, problem, device, b_box_of(cfg), cfg.split_k))
+
+
+def _raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec, b_box: int, split_k: int) -> dict:
+    """The raster fields of the smallest working set of `cfg`'s tiles, which load `b_box`
+    columns of B, split `split_k` ways. With split-K the consecutive work units of a wave are
+    the splits of fewer tiles."""
+    splits = int(geometry.splits_used(split_k, cfg.block_k, problem.k))
+    slots = max(1, device.num_sms // cfg.cluster_size // splits)
     km, kn = kernel_shape(cfg, problem.m, problem.n)  # swap_ab tiles are in kernel coordinates
     raster, group, _ = choose_raster(
-        ceil_div(km, cfg.block_m), ceil_div(kn, cfg.block_n), cfg.block_m, b_box_of(cfg), slots, pair_along(cfg)
+        ceil_div(km, cfg.block_m), ceil_div(kn, cfg.block_n), cfg.block_m, b_box, slots, pair_along(cfg)
     )
-    return with_fields(cfg, raster=raster, group_size=group)
+    return {"raster": raster, "group_size": group}
 
 
 def with_split(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
     """`cfg` with the split_k the cost model prefers for its tile (1 when splitting never pays)."""
     choices = split_choices(problem, device, cfg.block_m, cfg.block_n, cfg.cluster_size, cfg.multicast, cfg.block_k)
     t = Tiles.of([cfg]).take(np.zeros(len(choices), dtype=int), np.asarray(choices))
-    return t.config(_order(t, costs(problem, device, t), 1)[0])
+    return t.config(_order(t, costs(problem, device, t, _tiling(problem, t)), 1)[0])
 
 
 def with_tail(cfg: KernelConfig, device: DeviceSpec) -> KernelConfig | None:
@@ -708,8 +804,8 @@ class _Layouts:
     post: tuple
     row: np.ndarray  # of each layout that no such rule removes: its row of `tiles`, else -1
     tiles: Tiles  # those layouts, staged (split_k 1), then their B-tail variants
-    tail_row: np.ndarray  # per row of the layouts in `tiles`: the row of its tail variant, or -1
-    staged: Tiles  # the rows of `tiles` before the tail variants
+    tail_of: np.ndarray  # per B-tail variant (the rows of `tiles` past the staged layouts): its layout's row
+    split_slots: np.ndarray  # per row of `tiles`: see `_split_slots`
 
 
 @functools.lru_cache(maxsize=64)
@@ -740,19 +836,14 @@ def _layouts(device: DeviceSpec, *kind) -> _Layouts:
     row = np.full(len(fields), -1)
     row[[i for i, (p, q) in enumerate(zip(pre, post)) if p is None and q is None]] = np.arange(len(staged))
     tails = [with_tail(cfg, device) for cfg in staged]
-    tail_row = np.full(len(staged), -1)
-    with_one = [i for i, tail in enumerate(tails) if tail is not None]
-    tail_row[with_one] = len(staged) + np.arange(len(with_one))
-    tiles = Tiles.of(staged + [tails[i] for i in with_one])
-    layouts = tiles.take(np.arange(len(staged)))
-    return _Layouts(tuple(descriptions), tuple(fields), tuple(pre), tuple(post), row, tiles, tail_row, layouts)
+    tail_of = np.array([i for i, tail in enumerate(tails) if tail is not None], dtype=int)
+    tiles = Tiles.of(staged + [tails[i] for i in tail_of])
+    split_slots = _split_slots(device, tiles.cluster_size, tiles.acc_regs)
+    return _Layouts(tuple(descriptions), tuple(fields), tuple(pre), tuple(post), row, tiles, tail_of, split_slots)
 
 
 def _layouts_of(problem: Problem, device: DeviceSpec) -> _Layouts:
     return _layouts(device, problem.dtype, problem.out_dtype, problem.a_major, problem.b_major, problem.has_c)
-
-
-SPLIT_VALUES = np.asarray(SPLITS)
 
 
 @dataclass(frozen=True)
@@ -762,34 +853,45 @@ class _Search:
     layouts: _Layouts
     candidates: Tiles
     costs: dict
-    single_wave: np.ndarray  # per layout row: removed by the single-wave rule at its largest split
+    single_wave: np.ndarray  # per row of the layouts: removed by the single-wave rule at its largest split
     largest_split: np.ndarray
 
 
-def _search(problem: Problem, device: DeviceSpec) -> _Search:
-    """Every legal (tile layout, split) and B-tail candidate of `problem`, costed."""
+SPLIT_INDEX = np.arange(len(SPLITS))
+
+
+def _search(problem: Problem, device: DeviceSpec, report: bool = False) -> _Search:
+    """Every legal (tile layout, split) and B-tail candidate of `problem`, costed (with the
+    terms `explain` reports when `report`)."""
     if device.arch != ARCH:
         raise ValueError(f"the {ARCH} heuristics do not select for {device.arch!r}")
     lay = _layouts_of(problem, device)
-    t = lay.staged
-    bm, bn, cluster, shares_a = t.block_m[:, None], t.block_n[:, None], t.cluster_size[:, None], t.shares_a[:, None]
-    paired = cluster > 1
-    blocked = paired & _nothing_to_share(problem, bm, bn, shares_a)
-    shares = (shares_a, t.shares_b[:, None])
-    allowed = _split_allowed(problem, device, bm, bn, cluster, shares, t.block_k[:, None])
-    largest = SPLIT_VALUES[len(SPLITS) - 1 - np.argmax(allowed[:, ::-1], axis=1)][:, None]
-    # A pair is removed when its largest split is a single wave; its other splits are costed
-    # only where the rule lets them (multicast only when the work units exceed one wave).
-    single = paired & _multicast_is_single_wave(problem, device, bm, bn, largest, shares_a)
-    allowed &= ~blocked & ~single
-    allowed &= ~(paired & _multicast_is_single_wave(problem, device, bm, bn, SPLIT_VALUES, shares_a))
-    rows, split = np.nonzero(allowed)
-    tailed = allowed[:, 0] & (lay.tail_row >= 0) & shared_wave(problem, device, bm, bn, 1, cluster)[:, 0]
-    picked = np.concatenate([rows, lay.tail_row[tailed]])
-    candidates = lay.tiles.take(picked, np.concatenate([SPLIT_VALUES[split], np.ones(int(tailed.sum()), dtype=int)]))
-    if not len(picked):
+    t = lay.tiles
+    til = _tiling(problem, t)
+    # The splits of each layout: SPLITS[first:end]. A pair is removed when it has one block on
+    # the side it pairs along, or when its largest split is a single wave; its other splits are
+    # costed only where the single-wave rule lets them (multicast only when the work units
+    # exceed one wave).
+    count = _split_count(til.units, ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype]), lay.split_slots)
+    paired = t.cluster_size > 1
+    tiles = til.num_m * til.num_n
+    single = _single_wave_splits(problem, device, t.block_m, til.num_m, tiles, t.shares_a)
+    first = np.where(paired, np.searchsorted(SPLIT_VALUES, single, side="right"), 0)
+    single_at_largest = paired & (first >= count)
+    end = np.where(paired & (np.where(t.shares_a, til.num_n, til.num_m) < 2), 0, count)
+    # A B-tail variant is costed unsplit, in a shared wave, where its layout is costed unsplit.
+    staged = len(t) - len(lay.tail_of)
+    first[staged:], end[staged:] = 0, 0
+    if _shared_wave_possible(problem):
+        wave = tiles[staged:] <= device.num_sms // t.cluster_size[staged:] * t.cluster_size[staged:]
+        shared = _wide_wave_tiles(problem, t.block_m[staged:], til.num_m[staged:]) & wave
+        end[staged:] = (first[lay.tail_of] == 0) & (end[lay.tail_of] > 0) & shared
+    rows, split = np.nonzero((first[:, None] <= SPLIT_INDEX) & (SPLIT_INDEX < end[:, None]))
+    if not len(rows):
         raise ValueError(f"no legal {ARCH} configuration for {problem.describe()}")
-    return _Search(lay, candidates, costs(problem, device, candidates), single[:, 0], largest[:, 0])
+    candidates = t.take(rows, SPLIT_VALUES[split])
+    costed = costs(problem, device, candidates, til.take(rows), report)
+    return _Search(lay, candidates, costed, single_at_largest[:staged], SPLIT_VALUES[count[:staged] - 1])
 
 
 def _rejections(problem: Problem, device: DeviceSpec, s: _Search) -> list[Rejection]:
@@ -820,37 +922,37 @@ COST_MODEL = (
 )
 
 
-def with_a_rows(cfg: KernelConfig, problem: Problem) -> KernelConfig:
-    """`cfg` loading only the rows of A that exist when the whole of M fits one tile row: TMA
-    boxes that are mostly out of bounds (M = 1 in a 64-row box) stream measurably slower on the
-    H200 (1x4096x7168 ran 32.8 us against 19.2 us at M = 64 with the same kernel)."""
+def _a_rows(cfg: KernelConfig, problem: Problem) -> int:
+    """The rows of A `cfg` loads: only those that exist when the whole of M fits one tile row.
+    TMA boxes that are mostly out of bounds (M = 1 in a 64-row box) stream measurably slower on
+    the H200 (1x4096x7168 ran 32.8 us against 19.2 us at M = 64 with the same kernel)."""
     rows = ceil_div(problem.m, 8) * 8
     if problem.a_major != "K" or cfg.multicast == "A" or rows >= cfg.block_m:
-        return cfg
-    return with_fields(cfg, a_rows=rows)
+        return cfg.a_rows
+    return rows
 
 
-def finish(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
-    """The ranked layout completed: raster order and the rows of A to load."""
-    return with_a_rows(with_raster(cfg, problem, device), problem)
+def _finish(t: Tiles, i: int, problem: Problem, device: DeviceSpec) -> KernelConfig:
+    """Candidate `i` completed: its split, the raster order (`with_raster`) and the rows of A to load."""
+    cfg, split_k = t.configs[t.origin[i]], int(t.split_k[i])
+    raster = _raster(cfg, problem, device, int(t.b_box[i]), split_k)
+    return with_fields(cfg, split_k=split_k, a_rows=_a_rows(cfg, problem), **raster)
 
 
 def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
     """The configuration the cost model ranks first (deterministic; heuristics.select memoises it)."""
     s = _search(problem, device)
-    return finish(s.candidates.config(_order(s.candidates, s.costs, 1)[0]), problem, device)
+    return _finish(s.candidates, _order(s.candidates, s.costs, 1)[0], problem, device)
 
 
 def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
     """Why `select` chose what it chose: the best `top` candidates with their modelled cost and
     terms (split_k, units, kb_per_unit, splitk_cycles, workspace_bytes among them) and the
     layouts the rules removed (see search.explanation for the keys)."""
-    s = _search(problem, device)
+    s = _search(problem, device, report=True)
     t, c = s.candidates, s.costs
     shown = [
-        Candidate(
-            finish(t.config(i), problem, device), round(float(c["cost"][i]), 6), (), _terms(problem, device, t, c, i)
-        )
+        Candidate(_finish(t, i, problem, device), round(float(c["cost"][i]), 6), (), _terms(problem, device, t, c, i))
         for i in _order(t, c, max(1, top))
     ]
     return explanation(

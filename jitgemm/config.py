@@ -8,6 +8,8 @@ from dataclasses import dataclass, fields
 from .problem import A_MAJORS, B_MAJORS, DTYPE_BYTES, INPUT_DTYPES, OUTPUT_DTYPES
 from .registry import ARCH_NAMES as ARCHS
 
+K_BLOCK_BYTES = 128  # a k-block is 128 bytes of K (block_k elements), one 128-byte swizzle row
+
 
 def _exact(value, want: type) -> bool:
     """`value` is a `want` (an int that is not a bool, for int)."""
@@ -59,13 +61,15 @@ class KernelConfig:
         """Structural checks that hold for every arch; arch rules add their own."""
         # Exact types first (1.0 or True is no block size, a list no flag): the checks below
         # compare and multiply the fields.
-        out = [
-            f"{name} must be {want.__name__}, got {type(value).__name__} {value!r}"
-            for name, want in _FIELD_TYPES.items()
-            if not _exact(value := getattr(self, name), want)
-        ]
-        if out:
-            return out
+        if tuple(map(type, vars(self).values())) != _EXACT_TYPES:  # (the common case at one comparison)
+            out = [
+                f"{name} must be {want.__name__}, got {type(value).__name__} {value!r}"
+                for name, want in _FIELD_TYPES.items()
+                if not _exact(value := getattr(self, name), want)
+            ]
+            if out:
+                return out
+        out = []
         if self.arch not in ARCHS:
             out.append(f"arch must be one of {ARCHS}, got {self.arch!r}")
         if self.dtype not in INPUT_DTYPES:
@@ -76,9 +80,10 @@ class KernelConfig:
             out.append(f"a_major must be one of {A_MAJORS}, got {self.a_major!r}")
         if self.b_major not in B_MAJORS:
             out.append(f"b_major must be one of {B_MAJORS}, got {self.b_major!r}")
-        if self.block_k * DTYPE_BYTES.get(self.dtype, 2) != 128:
+        if self.block_k * DTYPE_BYTES.get(self.dtype, 2) != K_BLOCK_BYTES:
             out.append(
-                f"block_k must be 128 bytes of K ({128 // DTYPE_BYTES.get(self.dtype, 2)} elements), got {self.block_k}"
+                f"block_k must be {K_BLOCK_BYTES} bytes of K "
+                f"({K_BLOCK_BYTES // DTYPE_BYTES.get(self.dtype, 2)} elements), got {self.block_k}"
             )
         if self.block_m not in (64, 128, 256):
             out.append(f"block_m must be 64, 128 or 256, got {self.block_m}")
@@ -136,3 +141,4 @@ class KernelConfig:
 
 _FIELD_TYPES = {f.name: type(f.default) for f in fields(KernelConfig)}
 _FIELD_NAMES = tuple(_FIELD_TYPES)
+_EXACT_TYPES = tuple(_FIELD_TYPES.values())

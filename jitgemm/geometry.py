@@ -64,8 +64,10 @@ def covered_extent(size, block, box):
     loads `box` >= `block` elements clipped at `size` (TMA does not fetch out-of-bounds
     elements). With box == block this is `size`; a wider box (MN-major pieces wider than the
     block, e.g. 3 x 64 for a block of 176) re-reads part of the neighbouring block.
-    Elementwise over NumPy arrays too.
+    Elementwise over NumPy arrays too (`size` itself where no box is wider than its block).
     """
+    if np.all(box <= block):
+        return size
     nblocks = ceil_div(size, block)
     # Blocks whose whole box is inside (j * block + box <= size) read `box`; block j of the
     # others reads size - j * block.
@@ -100,9 +102,9 @@ class Waves:
 def waves_of(tiles, slots) -> Waves:
     """Waves of a persistent kernel with `slots` workers (CTAs or clusters) over `tiles` items
     (elementwise over NumPy arrays too)."""
-    busy = np.where(np.greater(tiles, 0), np.maximum(1, np.minimum(slots, tiles)), np.maximum(1, slots))
+    busy = np.maximum(1, np.where(np.greater(tiles, 0), np.minimum(slots, tiles), slots))
     waves = ceil_div(tiles, busy)
-    last = np.where(waves > 0, tiles - (waves - 1) * busy, 0)
+    last = tiles - np.maximum(waves - 1, 0) * busy
     if np.ndim(busy) == 0:
         return Waves(int(tiles), int(busy), int(waves), int(last))
     return Waves(tiles, busy, waves, last)
@@ -244,6 +246,9 @@ def choose_raster(
     """
     preferred = ("n", "m") if pair_along == "n" else ("m", "n")
     walks = [(raster, group) for raster in preferred for group in GROUP_SIZES]
+    if cluster_tiles(num_m, num_n, pair_along) <= max(1, slots):
+        # One wave holds every tile, whatever the walk: the first walk, the whole grid's working set.
+        return walks[0][0], walks[0][1], float(num_m * rows_per_m + num_n * cols_per_n)
     footprints = raster_footprints(num_m, num_n, rows_per_m, cols_per_n, slots, walks, pair_along)
     best = int(np.argmin(footprints))  # the first of equal footprints
     return walks[best][0], walks[best][1], float(footprints[best])

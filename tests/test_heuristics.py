@@ -367,7 +367,7 @@ H200_MEASURED = [
 # - among configs not chosen: 128x24576x1536, m64n192 27.9 (27.73) against m128n128 25.6
 #   (27.12); 128x576x7168, m64n48 split 4 11.2 (9.77) against m64n64 split 3; at 1x7168x2048
 #   and 16x7168x2048 the m64n32 A pairs (30.6 and 23.9) model the same as the unpaired m64n32
-#   (11.5 and 11.4): multicast A loads the whole 64-row box of A (sm90.with_a_rows), which the
+#   (11.5 and 11.4): multicast A loads the whole 64-row box of A (sm90._a_rows), which the
 #   model does not see.
 # Configs modelled further off than TOLERANCE, with what is known: at 1x4096x7168 the unsplit
 # m64n64 runs 16.7 us against 21.89 modelled: the DRAM latency (device.ArchRates.dram_latency_clk)
@@ -569,10 +569,7 @@ def test_every_selected_config_is_sound(device):
         if cfg.block_m * cfg.block_n < 128 * 192:
             assert cfg.num_stages >= 4, where
         # and no deeper than the cap, nor shallower than what fits
-        assert (
-            cfg.num_stages == rules.MAX_STAGES
-            or sm90.stage_smem(KernelConfig(**{**cfg.to_dict(), "num_stages": cfg.num_stages + 1})) > CAPACITY
-        ), where
+        assert cfg.num_stages == rules.MAX_STAGES or sm90.stage_smem(cfg, cfg.num_stages + 1) > CAPACITY, where
         # cluster divides the SM count; no multicast on a single wave of work units, except
         # pairs sharing B when M is exactly two m blocks and pairs sharing A in a shared wave
         # (sm90.single_wave_rule)
@@ -762,15 +759,17 @@ def test_cost_model_reads_b_padding_from_the_layout():
 def test_dram_stream_and_clock_credit():
     r = H200.rates
     stage = 16384
-    per_cta = [stage / cost.dram_stream_clk(r, 8, stage, a) for a in (1, 16, 64, 112, 128, 132)]
-    chip = [a * stage / cost.dram_stream_clk(r, 8, stage, a) for a in (1, 16, 64, 112, 128, 132)]
+    latency = cost.dram_latency_clk(r, 8)
+    per_cta = [stage / cost.dram_stream_clk(r, latency, stage, a) for a in (1, 16, 64, 112, 128, 132)]
+    chip = [a * stage / cost.dram_stream_clk(r, latency, stage, a) for a in (1, 16, 64, 112, 128, 132)]
     assert per_cta == sorted(per_cta, reverse=True)  # each CTA gets less ...
     assert chip == sorted(chip)  # ... but the chip gets more
     assert chip[-1] < r.dram_read_bytes_per_clk  # never more than the read bandwidth
     # a CTA alone is latency bound: its bytes in flight over the DRAM latency
     assert per_cta[0] == pytest.approx(7 * stage / (r.dram_latency_clk + 7 * stage / r.dram_read_bytes_per_clk))
     # deeper pipelines stream more per CTA
-    assert cost.dram_stream_clk(r, 13, stage, 64) < cost.dram_stream_clk(r, 6, stage, 64)
+    deep, shallow = cost.dram_latency_clk(r, 13), cost.dram_latency_clk(r, 6)
+    assert cost.dram_stream_clk(r, deep, stage, 64) < cost.dram_stream_clk(r, shallow, stage, 64)
     # runs: a box row; 32-, 64-, 128-byte pieces stream at 67%, 80%, 89%
     assert [round(cost.dram_run_efficiency(r, b), 2) for b in (32, 64, 128)] == [0.67, 0.8, 0.89]
     assert sm90.dram_runs(Problem(1, 576, 7168), KernelConfig(block_m=64, block_n=48, num_consumers=1)) == (128, 32)
@@ -813,6 +812,12 @@ def test_partial_rows_and_readback_mirror_the_template():
     assert sm90.partial_rows(20, 64, 1) == 16 + 8
     assert sm90.partial_rows(64, 128, 2) == 64  # the second warpgroup stores nothing
     assert sm90.partial_rows(4096, 128, 2) == 4096
+    for block_m, consumers in ((64, 1), (128, 1), (128, 2), (256, 2)):  # 2 x min(8, live) per 16 rows
+        wg_m = block_m // consumers
+        for m in range(1, 3 * block_m):
+            rest = m % block_m
+            groups = (rest - wg * wg_m - g for wg in range(consumers) for g in range(0, wg_m, 16))
+            assert sm90.partial_rows(m, block_m, consumers) == m - rest + sum(2 * min(8, max(0, r)) for r in groups)
     # the read-back the model assumes, one round trip per batch of splits: in the template the
     # loop over the batches encloses the (unrolled) loops over a batch's splits and the loads
     load = fixup.index("ld.global.cg")
@@ -1264,7 +1269,29 @@ def test_max_stages_matches_brute_force():
         for s in range(2, rules.MAX_STAGES + 1):
             if layout_of(KernelConfig(**{**cfg.to_dict(), "num_stages": s})).smem_bytes <= CAPACITY:
                 brute = s
-        assert rules.max_stages(cfg, CAPACITY, smem_of=lambda c: layout_of(c).smem_bytes) == brute, cfg.name
+        assert rules.max_stages(cfg, CAPACITY, smem_of=rules.at_stages(lambda c: layout_of(c).smem_bytes)) == brute
+
+
+def test_stage_smem_from_one_layout_matches_each_stage_counts_layout():
+    """sm90.stage_smem reads one layout of the tile for every stage count: the same bytes as the
+    layout of the config with that many stages (whole staging where it fits 3 stages)."""
+    for cfg in [
+        KernelConfig(),
+        KernelConfig(block_m=64, block_n=16, num_consumers=1, has_c=True),
+        KernelConfig(block_m=256, block_n=128, out_dtype="fp32", b_major="K"),
+        KernelConfig(block_n=112, b_major="N", b_tail=True),
+        KernelConfig(block_n=256, out_dtype="fp32", cluster_size=2, multicast="B"),
+        KernelConfig(block_n=384, cluster_size=2, multicast="B"),
+        KernelConfig(block_n=512, num_stages=3),
+    ]:
+        whole = layout_of(rules.with_fields(cfg, num_stages=rules.MIN_STAGES))
+        for s in range(2, rules.MAX_STAGES + 1):
+            lay = layout_of(rules.with_fields(cfg, num_stages=s))
+            if whole.smem_bytes - whole.out_bytes + whole.out_bytes_whole <= CAPACITY:
+                want = lay.smem_bytes - lay.out_bytes + lay.out_bytes_whole
+            else:
+                want = lay.smem_bytes
+            assert sm90.stage_smem(cfg, s) == want, (cfg.name, s)
 
 
 def test_stage_rule():

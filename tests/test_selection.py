@@ -87,21 +87,65 @@ def test_selection_latency_of_fresh_problems(capsys):
 
 @pytest.mark.parametrize("n, k", [(4096, 4096), (14336, 4096), (4096, 14336), (2112, 7168), (577, 4097)])
 def test_memoised_choices_equal_fresh_ones_over_a_dense_m_sweep(n, k):
-    """What select memoises (the layouts of each kind of problem, the raster walks, the answers)
-    never changes a choice: every M in 1..1024 with warm memos equals the same problem with every
-    memo cleared."""
+    """What select memoises (the layouts of each kind of problem, each config's layout, the
+    raster walks, the answers) never changes a choice: every M in 1..1024 with warm memos equals
+    the same problem with every memo cleared."""
     ms = range(1, 1025)
     warm = [heuristics.select(Problem(m, n, k, a_major="K", b_major="K"), H200) for m in ms]
-    for memo in (heuristics.select, sm90._layouts, geometry.choose_raster):
+    for memo in (heuristics.select, sm90._layouts, sm90.layout_of, geometry.choose_raster):
         memo.cache_clear()
     for m, chosen in zip(ms, warm):
         assert sm90.select(Problem(m, n, k, a_major="K", b_major="K"), H200) == chosen, m
 
 
 def test_costing_all_candidates_at_once_equals_costing_each():
-    """`costs` over many candidates gives each the cost it gets alone (`cost_of`)."""
-    p = Problem(777, 4096, 7168, b_major="K")
-    s = sm90._search(p, H200)
-    for i in range(0, len(s.candidates), 7):
-        cfg = s.candidates.config(i)
-        assert sm90.cost_of(p, H200, cfg).cost == round(float(s.costs["cost"][i]), 6)
+    """`costs` over many candidates gives each the cost it gets alone (`cost_of`, which also
+    counts the terms `explain` reports and the split-K terms of unsplit candidates)."""
+    for p in [Problem(777, 4096, 7168, b_major="K"), *random_problems(12, 12)]:
+        s = sm90._search(p, H200)
+        for i in range(0, len(s.candidates), 5):
+            cfg = s.candidates.config(i)
+            assert sm90.cost_of(p, H200, cfg).cost == round(float(s.costs["cost"][i]), 6), (p, cfg.name)
+
+
+def test_search_candidates_follow_the_rules_layout_by_layout():
+    """The candidates `_search` costs (each layout's splits as one range of SPLITS) are the ones
+    the rules give one layout at a time: `split_choices`, the multicast side's block count,
+    `single_wave_rule` at the largest split and at each split, and the B-tail variants of the
+    layouts costed unsplit, in a shared wave."""
+    for p in random_problems(21, 80) + [Problem(4096, 576, 7168), Problem(128, 7168, 2048)]:
+        s = sm90._search(p, H200)
+        tiles = s.layouts.tiles
+        staged = tiles.configs[: len(tiles) - len(s.layouts.tail_of)]
+        want = set()
+        for row, cfg in enumerate(staged):
+            bm, bn, mc = cfg.block_m, cfg.block_n, cfg.multicast
+            splits = sm90.split_choices(p, H200, bm, bn, cfg.cluster_size, mc, cfg.block_k)
+            if cfg.cluster_size > 1:
+                side = -(-p.n // bn) if mc == "A" else -(-p.m // bm)
+                if side < 2 or sm90.single_wave_rule(p, H200, bm, bn, splits[-1], mc):
+                    continue
+                splits = [k for k in splits if sm90.single_wave_rule(p, H200, bm, bn, k, mc) is None]
+            want |= {(row, k) for k in splits}
+        for tail, row in enumerate(s.layouts.tail_of):
+            cfg = staged[row]
+            if (row, 1) in want and sm90.shared_wave(p, H200, cfg.block_m, cfg.block_n, 1, cfg.cluster_size):
+                want.add((len(staged) + tail, 1))
+        assert set(zip(s.candidates.origin.tolist(), s.candidates.split_k.tolist())) == want, p
+
+
+def test_a_wave_of_every_tile_takes_the_first_walk():
+    """`choose_raster` answers a grid that one wave holds without walking it: every walk then
+    has the whole grid's working set, and the first walk wins the tie, as the closed form says."""
+    rng = random.Random(5)
+    for _ in range(3000):
+        num_m, num_n, slots = rng.randint(1, 40), rng.randint(1, 40), rng.randint(1, 200)
+        pair = rng.choice([None, "m", "n"])
+        if geometry.cluster_tiles(num_m, num_n, pair) > slots:
+            continue
+        rows, cols = rng.choice([64, 128, 256]), rng.randint(1, 20) * 16
+        walks = [(r, g) for r in (("n", "m") if pair == "n" else ("m", "n")) for g in geometry.GROUP_SIZES]
+        footprints = geometry.raster_footprints(num_m, num_n, rows, cols, slots, walks, pair)
+        assert set(footprints) == {num_m * rows + num_n * cols}
+        got = geometry.choose_raster.__wrapped__(num_m, num_n, rows, cols, slots, pair)
+        assert got == (*walks[0], float(footprints[0]))

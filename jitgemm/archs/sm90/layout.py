@@ -26,6 +26,7 @@ the accumulators transposed (stmatrix .trans), one 64-column box of D per 64-row
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -239,7 +240,16 @@ def epilogue_buffers(pieces: int, has_c: bool, fits) -> int:
     return next((b for b in range(pieces, 1, -1) if fits(b)), 2)
 
 
+def pipeline_bytes(stage_bytes: int, stages: int, num_consumers: int) -> int:
+    """Shared memory of a pipeline of `stages` stages of `stage_bytes`: the stages, their
+    barriers (tma2mma and mma2tma per stage, c_ready per math warpgroup) and the alignment
+    slack; the epilogue's staging buffers come on top."""
+    return stages * stage_bytes + (2 * stages + num_consumers) * BARRIER_BYTES + SWIZZLE_ATOM
+
+
+@functools.lru_cache(maxsize=8192)
 def layout_of(cfg: KernelConfig) -> KernelLayout:
+    """The layout of `cfg` (memoised: selection asks for the same few configs' layouts often)."""
     problems = structural_problems(cfg)
     if problems:
         raise ValueError(f"config {cfg.name} cannot be laid out: " + "; ".join(problems))
@@ -256,9 +266,7 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     out_swizzle = next(s for s in (128, 64, 32) if out_cols % (s // out_elem) == 0)
     out_piece_cols = out_swizzle // out_elem
     stage_bytes = a.tile_bytes + b.tile_bytes
-    # tma2mma and mma2tma per stage, c_ready per math warpgroup
-    barriers = (2 * cfg.num_stages + cfg.num_consumers) * BARRIER_BYTES
-    fixed = cfg.num_stages * stage_bytes + barriers + SWIZZLE_ATOM
+    fixed = pipeline_bytes(stage_bytes, cfg.num_stages, cfg.num_consumers)
 
     def staging(bufs: int) -> int:  # rounded to the swizzle atom: every TMA box starts 1024-aligned
         return -(-cfg.num_consumers * bufs * out_rows * out_swizzle // SWIZZLE_ATOM) * SWIZZLE_ATOM
