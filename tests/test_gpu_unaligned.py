@@ -167,3 +167,29 @@ def test_seen_problem_with_new_unaligned_outputs(gen):
         assert outside_untouched(frame, window)
         assert_close(res, a2, b2, "bf16")
         assert_close(fresh, a2, b2, "bf16")
+
+
+def test_unaligned_benchmark_smoke(tmp_path):
+    """examples/unaligned.py --smoke in a fresh process: two pairs, each result checked first."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from child_process import child_pythonpath
+
+    script = Path(__file__).resolve().parent.parent / "examples" / "unaligned.py"
+    report = tmp_path / "unaligned.json"
+    done = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=child_pythonpath()),
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    rows = json.loads(report.read_text())["rows"]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["jitgemm_us"] > 0 and row["aligned_us"] > 0 and row["cublas_us"] > 0 and "_od" in row["config"]
