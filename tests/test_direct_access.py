@@ -1,5 +1,5 @@
 """Outputs TMA cannot address (issue 20), on the CPU: which problems say so, and which configs
-write them directly (plan.with_direct_output)."""
+write them directly (plan.with_epilogue)."""
 
 import dataclasses
 
