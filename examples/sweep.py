@@ -86,6 +86,7 @@ import sys
 import time
 from pathlib import Path
 
+from jitgemm import registry
 from jitgemm.problem import DTYPE_BYTES, LAYOUTS, Problem
 
 HERE = Path(__file__).resolve().parent
@@ -191,13 +192,14 @@ def kernel_problem(p: Problem) -> Problem:
     return Problem(p.m, p.n, p.k, p.dtype, p.out_dtype, "K" if p.m == 1 else p.a_major, p.b_major, p.has_c)
 
 
-def copied_operands(p: Problem) -> tuple[str, ...]:
+def copied_operands(p: Problem, arch: str = "sm_90a") -> tuple[str, ...]:
     """The operands jitgemm copies (with a FallbackCopyWarning) because TMA cannot use them in
-    place: rows (along the contiguous dimension) that are not whole 16-byte units. With C the
-    timed call is in place (out = c), so C and the output are the same array."""
+    place: rows (along the contiguous dimension) that are not whole 16-byte units; outputs only
+    on an arch whose kernels cannot store them directly (out_direct). With C the timed call is
+    in place (out = c), so C and the output are the same array."""
     kp = kernel_problem(p)
     inputs = DTYPE_BYTES[p.dtype]
-    out_ragged = p.n * DTYPE_BYTES[p.out_dtype] % 16 != 0
+    out_ragged = p.n * DTYPE_BYTES[p.out_dtype] % 16 != 0 and not registry.get(arch).direct_epilogue
     copied = []
     if (p.k if kp.a_major == "K" else p.m) * inputs % 16:
         copied.append("a")
@@ -678,14 +680,15 @@ class Sweep:
         return self.torch.full((p.m, p.n), float("nan"), device="cuda", dtype=self.tdt[dtype])
 
     def config(self, p: Problem) -> tuple[str, bool]:
-        from jitgemm import api, heuristics, runtime, tuned  # the benchmark's own test for "tuned"
+        from jitgemm import api, heuristics, plan, runtime, tuned  # the benchmark's own test for "tuned"
 
         kp = kernel_problem(p)
         cfg = api.config_for(kp)
         spec = api.device_spec(0)
-        is_tuned = cfg != heuristics.select(kp, spec) and cfg == tuned.tuned_config(
-            kp, spec, runtime.device_info(0).name
-        )
+        # the file's and the heuristics' configs as gemm runs them (plan.with_epilogue)
+        from_file = tuned.tuned_config(kp, spec, runtime.device_info(0).name)
+        is_tuned = from_file is not None and cfg == plan.with_epilogue(from_file, kp)
+        is_tuned = is_tuned and cfg != plan.with_epilogue(heuristics.select(kp, spec), kp)
         return cfg.name, bool(is_tuned)
 
     def measure(self, index: int, p: Problem, caps: dict) -> dict:

@@ -34,8 +34,10 @@ from .problem import DTYPE_BYTES, MAX_OUTPUT_ELEMENTS, Problem
 
 
 class FallbackCopyWarning(UserWarning):
-    """An argument's layout cannot be read or written by TMA in place, so jitgemm copies it
-    (issued once per argument name and process)."""
+    """An argument's layout cannot be read or written in place by the kernel, so jitgemm
+    copies it: an operand TMA cannot read; an output (or C) that is not rows of unit-stride
+    elements, or, on sm_100a, whose rows TMA cannot address (issued once per argument name and
+    process)."""
 
 
 @functools.cache
@@ -158,7 +160,8 @@ def _warn_copy(argname: str, what: str) -> None:
         "TMA needs a unit-stride dimension, a 16-byte aligned base address and leading stride, and "
         "rows of whole 16-byte units"
         if argname in ("a", "b")
-        else "outputs of unit-stride rows are written in place at any alignment (on sm_90a); other layouts are not"
+        else "outputs and C of unit-stride, element-aligned rows are written and read in place at any "
+        "alignment on sm_90a (other layouts, and unaligned rows on sm_100a, are not)"
     )
     warnings.warn(
         f"jitgemm.gemm: {argname} {what}: {reason}; this copy is made on every call with such a "
@@ -177,9 +180,13 @@ def _operand_major(view: View) -> tuple:
 
 
 def _row_major(view: View | None) -> bool:
-    """Whether an output view (None: the result jitgemm allocates) is rows of unit-stride
-    elements: what a kernel can store to in place, with TMA or else directly (out_direct)."""
-    return view is None or (view.strides is not None and (view.strides[1] == 1 or view.shape[1] == 1))
+    """Whether an output view (None: the result jitgemm allocates) is rows of unit-stride,
+    element-aligned elements: what a kernel can store to in place, with TMA or else directly
+    (out_direct)."""
+    if view is None:
+        return True
+    unit_rows = view.strides is not None and (view.strides[1] == 1 or view.shape[1] == 1)
+    return unit_rows and view.ptr % view.itemsize == 0
 
 
 def _output_ready(view: View) -> bool:
@@ -192,19 +199,21 @@ def _copy_reason(view: View) -> str:
     return "cannot be read by TMA in place and is copied"
 
 
-def _aligned(lib, rows: int, cols: int, major: int, dtype: str, dev: int, stream: int, argname: str) -> View:
+def _aligned(
+    lib, rows: int, cols: int, major: int, dtype: str, dev: int, stream: int, argname: str, zero: bool
+) -> View:
     """A fresh (rows, cols) buffer TMA can use with `major` innermost, rows padded to 16 bytes."""
     pad = TMA_ALIGN // (4 if dtype == "fp32" else 2)
+    alloc = lib.zeros if zero else lib.empty
     if major == 1:
-        return lib.window(lib.empty((rows, -(-cols // pad) * pad), dtype, dev, stream), rows, cols, False, argname)
-    return lib.window(lib.empty((cols, -(-rows // pad) * pad), dtype, dev, stream), cols, rows, True, argname)
+        return lib.window(alloc((rows, -(-cols // pad) * pad), dtype, dev, stream), rows, cols, False, argname)
+    return lib.window(alloc((cols, -(-rows // pad) * pad), dtype, dev, stream), cols, rows, True, argname)
 
 
 def _copy_in(view: View, major: int, argname: str, dev: int, stream: int) -> View:
-    """An aligned copy of `view` in its own library, `major` innermost."""
+    """A zero-padded copy of `view` in its own library, `major` innermost."""
     rows, cols = view.shape
-    # The padding past `cols` is never read: the tensor maps end at the true extent.
-    dst = _aligned(view.lib, rows, cols, major, view.dtype, dev, stream, argname)
+    dst = _aligned(view.lib, rows, cols, major, view.dtype, dev, stream, argname, zero=True)
     view.lib.copy_(dst, view, stream)
     return dst
 
@@ -302,8 +311,9 @@ class _Plan:
 
     A call with new arrays (the usual case in a model) makes only the checks that depend on
     the addresses, patches the addresses into the launch's tensor maps and launches. Those
-    checks are the general path's, or stricter: every address 16-byte aligned (else the
-    general path copies), the operand's bytes within the 64-bit address space, and `out` apart
+    checks are the general path's, or stricter: every address 16-byte aligned where TMA reads
+    or writes it, an out or c written or read directly (out_direct) element-aligned (else the
+    general path decides), the operand's bytes within the 64-bit address space, and `out` apart
     from a, b and c (else the general path's exact overlap test decides, and raises or
     copies). Anything the checks do not clear goes through the general path."""
 
@@ -339,9 +349,9 @@ class _Plan:
         out_direct: bool,
     ):
         va, vb, vo, vc = views  # vo and vc as the caller passed them (None when not given)
-        # Address bits out and c must have clear: TMA's 16 bytes, or (out_direct) none beyond
-        # their elements' alignment, which every array has.
-        self.out_align = 0 if out_direct else _MISALIGNED
+        # Address bits out and c must have clear: TMA's 16 bytes, or (out_direct) their
+        # elements' alignment.
+        self.out_align = DTYPE_BYTES[odt] - 1 if out_direct else _MISALIGNED
         self.lib, self.call, self.lock = lib, call, threading.Lock()
         self.dev, self.stream, self.out_shape, self.odt = dev, stream, out_shape, odt
         self.out_given, self.c_given, self.uses_c = vo is not None, vc is not None, uses_c
@@ -439,8 +449,8 @@ def gemm(
         a one-time :class:`FallbackCopyWarning`.
     c : array, shape (M, N) or (..., N), optional (keyword-only)
         The addend, in the output dtype, on the same device as `a`. It is read by the kernel
-        in place when its rows are unit-stride, as `out` is written; other layouts are copied
-        first, with a one-time warning.
+        in place when its rows are unit-stride, as `out` is written; other layouts (and, on
+        sm_100a, rows TMA cannot address) are copied first, with a one-time warning.
         With ``beta == 0`` it is not read (BLAS convention: NaNs in `c` do not propagate).
     alpha : real number, default 1.0 (keyword-only)
         Scales ``a @ b``; passed to the kernel as float32, so it must be finite and within
@@ -736,11 +746,11 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decisi
         if out_given:
             _warn_copy(
                 "out",
-                "cannot be written by TMA in place"
+                "cannot be written in place"
                 + (" (its leading dimensions do not fold into rows of one stride)" if vo.strides is None else "")
                 + "; the result is copied into it",
             )
-        vd = _aligned(vo.lib, m, n, 1, odt, dev, handle, "out")
+        vd = _aligned(vo.lib, m, n, 1, odt, dev, handle, "out", zero=False)
     call = kern.launch(va, vb, vd, vc_k, alpha, beta)
     call()
     if vd is not vo:
@@ -778,7 +788,7 @@ def _gemm_host(va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, explicit, c
         da = _upload(va, d.a_major, dev, stream, staged)
         db = _upload(vb, d.b_major, dev, stream, staged)
         dc = _upload(vc, 1, dev, stream, staged) if d.has_c else None
-        dd = dc if d.has_c else _aligned(GENERIC, m, n, 1, odt, dev, stream, "out")
+        dd = dc if d.has_c else _aligned(GENERIC, m, n, 1, odt, dev, stream, "out", zero=False)
         kern.launch(da, db, dd, dc, alpha, beta)()
         host = lib.empty((m, dd.strides[0]), odt, HOST, None)
         runtime.check(

@@ -49,15 +49,18 @@ def choose(
     this arch and SM count".
     """
     if config is not None:
-        return heuristics.require_valid(config, problem, device_spec, "config"), "argument"
-    cfg, source = _choose_tiles(problem, device_spec, device_name)
+        cfg, source = heuristics.require_valid(config, problem, device_spec, "config"), "argument"
+    else:
+        cfg, source = _choose_tiles(problem, device_spec, device_name)
+    # Like the dtypes, the epilogue follows the problem, whatever chose the tile.
     return with_epilogue(cfg, problem), source
 
 
 def with_epilogue(cfg: KernelConfig, problem: Problem) -> KernelConfig:
     """`cfg` storing the output the way `problem`'s output needs: directly (out_direct) where
     TMA cannot address its rows and the arch's kernels can, else with TMA (through an aligned
-    copy when the rows are not addressable)."""
+    copy when the rows are not addressable). Every source of a config goes through it: a
+    given config's, JITGEMM_CONFIG's, the tuning file's, the dispatch table's."""
     direct = not problem.aligned_out and registry.get(cfg.arch).direct_epilogue
     return cfg if cfg.out_direct == direct else dataclasses.replace(cfg, out_direct=direct)
 

@@ -47,7 +47,10 @@ def test_unaligned_outputs_are_written_directly_on_sm90_only(seed):
         assert not plan.choose(p, B200)[0].out_direct
 
 
-def test_a_given_config_keeps_its_epilogue():
-    p = Problem(300, 301, 64, "bf16")
-    assert plan.choose(p, H200, config=KernelConfig())[0].out_direct is False
-    assert plan.choose(Problem(300, 304, 64), H200, config=KernelConfig(out_direct=True))[0].out_direct
+def test_the_epilogue_follows_the_problem_whatever_gives_the_config():
+    unaligned, aligned = Problem(300, 301, 64, "bf16"), Problem(300, 304, 64, "bf16")
+    assert plan.choose(unaligned, H200, config=KernelConfig())[0].out_direct
+    assert not plan.choose(aligned, H200, config=KernelConfig(out_direct=True))[0].out_direct
+    # the tile stays the one given
+    cfg, source = plan.choose(unaligned, H200, config=KernelConfig(block_n=64, num_stages=5))
+    assert (cfg.block_n, cfg.num_stages, cfg.out_direct, source) == (64, 5, True, "argument")

@@ -73,6 +73,8 @@ class FakeLib(libraries.ArrayLib):
         self.ops.append(("empty", tuple(shape)))
         return FakeTensor(shape, dtype, device=device)
 
+    zeros = empty
+
     def window(self, array, rows, cols, transpose, argname):
         shape, strides = ((cols, rows), array.strides[::-1]) if transpose else ((rows, cols), array.strides)
         return self.view(FakeTensor(shape, array.dtype, strides, array.ptr, array.device), argname)

@@ -107,8 +107,11 @@ def test_how_jitgemm_sees_the_operands(sweep):
     assert sweep.copied_operands(Problem(100, 64, 128, "bf16", "bf16", "K", "N")) == ()
     assert sweep.copied_operands(Problem(100, 64, 128, "bf16", "bf16", "M", "N")) == ("a",)  # 100 rows
     assert sweep.copied_operands(Problem(1, 64, 128, "bf16", "bf16", "M", "N")) == ()
-    assert sweep.copied_operands(Problem(104, 100, 130, "fp16", "fp16", "M", "K")) == ("b", "out")
-    assert sweep.copied_operands(Problem(104, 100, 130, "fp16", "fp16", "M", "N", True)) == ("b", "c", "out")
+    # sm_90a writes (and reads C) in place at any alignment; sm_100a copies ragged outputs
+    assert sweep.copied_operands(Problem(104, 100, 130, "fp16", "fp16", "M", "K")) == ("b",)
+    assert sweep.copied_operands(Problem(104, 100, 130, "fp16", "fp16", "M", "K"), "sm_100a") == ("b", "out")
+    assert sweep.copied_operands(Problem(104, 100, 130, "fp16", "fp16", "M", "N", True)) == ("b",)
+    assert sweep.copied_operands(Problem(104, 100, 130, "fp16", "fp16", "M", "N", True), "sm_100a") == ("b", "c", "out")
     assert sweep.copied_operands(Problem(104, 100, 128, "fp16", "fp32", "K", "K", True)) == ()  # 400-byte rows
 
 

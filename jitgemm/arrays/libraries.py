@@ -71,6 +71,9 @@ class ArrayLib:
     def empty(self, shape, dtype: str, device: int, stream: int):
         raise NotImplementedError
 
+    def zeros(self, shape, dtype: str, device: int, stream: int):
+        raise NotImplementedError
+
     def copy_(self, dst: View, src: View, stream: int) -> None:
         raise NotImplementedError
 
@@ -140,6 +143,10 @@ class CupyLib(ArrayLib):
         with self.cp.cuda.Device(device):
             return self.cp.empty(shape, dtype=numpy_dtype(dtype))
 
+    def zeros(self, shape, dtype, device, stream):
+        with self.cp.cuda.Device(device):
+            return self.cp.zeros(shape, dtype=numpy_dtype(dtype))
+
     def copy_(self, dst, src, stream):
         x, y = self.matched(dst, src)
         with self.cp.cuda.Device(dst.device):
@@ -205,6 +212,9 @@ class TorchLib(ArrayLib):
 
     def empty(self, shape, dtype, device, stream):
         return self.torch.empty(shape, dtype=self.torch_dtypes[dtype], device=self._device(device))
+
+    def zeros(self, shape, dtype, device, stream):
+        return self.torch.zeros(shape, dtype=self.torch_dtypes[dtype], device=self._device(device))
 
     def copy_(self, dst, src, stream):
         x, y = self.matched(dst, src)
