@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import numbers
@@ -652,7 +653,19 @@ def _gemm(a, b, out, c, alpha, beta, out_dtype, stream, config, plan_key):
 class _Decision:
     """How one call runs: the problem, the kernel configuration, and which inputs are copied."""
 
-    __slots__ = ("problem", "cfg", "a_major", "a_copy", "b_major", "b_copy", "has_c", "c_copy", "d_in_place")
+    __slots__ = (
+        "problem",
+        "cfg",
+        "a_major",
+        "a_copy",
+        "b_major",
+        "b_copy",
+        "has_c",
+        "c_copy",
+        "d_in_place",
+        "out_ready",
+        "c_ready",
+    )
 
     def __init__(
         self,
@@ -691,9 +704,21 @@ class _Decision:
             self.has_c,
             aligned_out=staged or not (d_unaligned or c_unaligned),
         )
+        self.out_ready, self.c_ready = out_ready, c_ready
         self.cfg = cfg = _config_for(self.problem, dev, config)
         self.d_in_place = out_ready or (cfg.out_direct and _row_major(vo))
         self.c_copy = self.has_c and not (c_ready or (cfg.out_direct and _row_major(vc)))
+
+    def copy_outputs_instead(self) -> bool:
+        """Run the config's TMA-epilogue twin, the output (and C) through aligned copies, where
+        the out_direct kernel cannot be had now (a CUDA-graph capture, JITGEMM_OFFLINE=1) and
+        the twin may be: False when there is no twin."""
+        if not self.cfg.out_direct:
+            return False
+        self.cfg = dataclasses.replace(self.cfg, out_direct=False)
+        self.d_in_place = self.out_ready
+        self.c_copy = self.has_c and not self.c_ready
+        return True
 
 
 def _describe_like(obj, argname: str, va: View, stream: int) -> View:
@@ -727,7 +752,14 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decisi
         return result()
 
     d = decision
-    kern = _Kernel(d.problem, d.cfg, dev, handle)
+    try:
+        kern = _Kernel(d.problem, d.cfg, dev, handle)
+    except (launch.CaptureError, kernels.OfflineError):
+        # A view TMA cannot store to, met first inside a capture or offline, where only the
+        # TMA-epilogue kernel may be loaded or cached: as before out_direct, through copies.
+        if not d.copy_outputs_instead():
+            raise
+        kern = _Kernel(d.problem, d.cfg, dev, handle)
     if d.a_copy:
         _warn_copy("a", _copy_reason(va))
         va = _copy_in(va, d.a_major, "a", dev, handle)

@@ -385,3 +385,30 @@ def test_nd_a_that_does_not_fold_is_copied(fake):
     assert fake.driver.launches[-1][1][0] == copy[1]  # the kernel reads the copy
     assert any("do not fold" in str(w.message) for w in caught)
     assert not api._plans  # copies: no plan
+
+
+@pytest.mark.parametrize("where", ["offline", "capture"])
+def test_a_misaligned_out_met_where_its_kernel_cannot_be_had_goes_through_a_copy(fake, monkeypatch, where):
+    """An out view TMA cannot store to needs the out_direct kernel; offline (not in the disk
+    cache) or first met inside a graph capture (not loaded), the call runs the TMA-epilogue twin
+    through an aligned buffer, copied into out, as before out_direct."""
+    if where == "offline":
+        fake_get = kernels.get
+
+        def get(cfg, ordinal, problem=None):
+            if cfg.out_direct:
+                raise kernels.OfflineError(f"{cfg.name} is not in the disk cache")
+            return fake_get(cfg, ordinal, problem)
+
+        monkeypatch.setattr(kernels, "get", get)
+    else:
+        monkeypatch.setattr(launch, "stream_is_capturing", lambda stream: True)
+        monkeypatch.setattr(kernels, "is_loaded", lambda cfg, ordinal: not cfg.out_direct)
+    a, b = FakeTensor((M, K)), FakeTensor((K, N))
+    out = FakeTensor((M, N + 8)).window(1, (M, N), (N + 8, 1))  # 2 bytes past a 16-byte boundary
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", jitgemm.FallbackCopyWarning)
+        assert jitgemm.gemm(a, b, out) is out
+    call = fake.driver.launches[-1][0]
+    assert not call.cfg.out_direct
+    assert any(op[0] == "copy" and op[1] == out.ptr for op in fake.ops)  # the result copied into out
