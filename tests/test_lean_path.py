@@ -412,3 +412,14 @@ def test_a_misaligned_out_met_where_its_kernel_cannot_be_had_goes_through_a_copy
     call = fake.driver.launches[-1][0]
     assert not call.cfg.out_direct
     assert any(op[0] == "copy" and op[1] == out.ptr for op in fake.ops)  # the result copied into out
+
+
+def test_an_out_that_is_not_element_aligned_is_copied(fake):
+    """st.global of 2-byte runs at an odd address would fault: such an out goes through an
+    aligned buffer, copied into it."""
+    a, b = FakeTensor((M, K)), FakeTensor((K, N))
+    out = FakeTensor((M, N), strides=(N + 8, 1), ptr=FakeTensor((M, N + 8)).ptr + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", jitgemm.FallbackCopyWarning)
+        assert jitgemm.gemm(a, b, out) is out
+    assert any(op[0] == "copy" and op[1] == out.ptr for op in fake.ops)
