@@ -192,6 +192,20 @@ def kernel_problem(p: Problem) -> Problem:
     return Problem(p.m, p.n, p.k, p.dtype, p.out_dtype, "K" if p.m == 1 else p.a_major, p.b_major, p.has_c)
 
 
+def problem_fields(index: int, p: Problem) -> dict:
+    """What a row says of its problem."""
+    return {
+        "index": index,
+        "m": p.m,
+        "n": p.n,
+        "k": p.k,
+        "dtype": p.dtype,
+        "out_dtype": p.out_dtype,
+        "layout": p.layout,
+        "has_c": p.has_c,
+    }
+
+
 def copied_operands(p: Problem, arch: str = "sm_90a") -> tuple[str, ...]:
     """The operands jitgemm copies (with a FallbackCopyWarning) because TMA cannot use them in
     place: rows (along the contiguous dimension) that are not whole 16-byte units; outputs only
@@ -695,14 +709,7 @@ class Sweep:
         torch, bm = self.torch, self.bm
         name, fair, ref_dtype = baseline(p, caps)
         row = {
-            "index": index,
-            "m": p.m,
-            "n": p.n,
-            "k": p.k,
-            "dtype": p.dtype,
-            "out_dtype": p.out_dtype,
-            "layout": p.layout,
-            "has_c": p.has_c,
+            **problem_fields(index, p),
             "beta": BETA if p.has_c else None,
             "m_class": m_class(p.m),
             "epilogue": epilogue(p),
@@ -807,14 +814,7 @@ class Sweep:
                 row = self.measure(index, p, caps)
             except Exception as exc:  # a sweep goes on: the row fails loudly and counts
                 row = {
-                    "index": index,
-                    "m": p.m,
-                    "n": p.n,
-                    "k": p.k,
-                    "dtype": p.dtype,
-                    "out_dtype": p.out_dtype,
-                    "layout": p.layout,
-                    "has_c": p.has_c,
+                    **problem_fields(index, p),
                     "passed": False,
                     "error": f"{type(exc).__name__}: {exc}",
                 }

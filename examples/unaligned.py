@@ -35,6 +35,7 @@ from jitgemm.problem import Problem
 sys.path.insert(0, str(Path(__file__).parent))  # python -P leaves the script's folder out
 from benchmark import L2_DEFEAT_BYTES, copy_bandwidth, gpu_state, graph_of, time_graph  # noqa: E402
 from host_overhead import measure  # noqa: E402
+from sweep import error_ratio  # noqa: E402
 
 ROUNDS = 15
 # (unaligned M N K, aligned M N K, b as W.t() of an (N, K) weight)
@@ -67,11 +68,9 @@ def operands(m, n, k, w_t, copies_n):
 
 
 def check(a, b, out):
-    """Every element within rounding to bf16 plus 2K fp32 roundoffs of |a| @ |b|."""
+    """Every element within the GPU tests' bound (sweep.error_ratio)."""
     a64, b64 = a.double(), b.double()
-    ref = a64 @ b64
-    bound = 2.0**-8 * ref.abs() + 2 * a.shape[1] * 2.0**-24 * (a64.abs() @ b64.abs()) + 2.0**-40
-    worst = ((out.double() - ref).abs() / bound).nan_to_num(nan=math.inf).max().item()
+    worst = error_ratio(out.double(), a64 @ b64, a64.abs() @ b64.abs(), a.shape[1], "bf16")
     if not worst <= 1.0:
         raise AssertionError(f"{tuple(out.shape)}: an element is off by {worst:.3g} times its bound")
 

@@ -1,30 +1,26 @@
 """examples/sweep.py on the GPU (issue 19, item 1): its check is the GPU tests' bound, and the
 sweep in smoke mode runs, checks every result and exits 0. The rest is in test_sweep_script.py."""
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from child_process import child_pythonpath
+from example_scripts import EXAMPLES, load_example
 from gpu_helpers import nan_full, random_operand, worst_error
 
 import jitgemm
 
 pytestmark = pytest.mark.gpu
 
-SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "sweep.py"
+SCRIPT = EXAMPLES / "sweep.py"
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("sweep", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("sweep")
 
 
 @pytest.mark.parametrize(

@@ -1,20 +1,13 @@
 """examples/serving.py without a GPU: its arguments and its stream of token counts (issue 18,
 item 6). The benchmark itself runs in test_gpu_serving.py (smoke mode)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "serving.py"
+from example_scripts import load_example
 
 
 @pytest.fixture(scope="module")
 def serving():
-    spec = importlib.util.spec_from_file_location("serving", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("serving")
 
 
 def test_defaults_are_the_issues_scenario(serving):

@@ -1,27 +1,22 @@
 """examples/sweep.py without a GPU (issue 19, item 1): its problems, its check's bound, its
 statistics and report. The sweep itself runs in test_gpu_sweep.py (smoke mode)."""
 
-import importlib.util
 import math
 import statistics
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+from example_scripts import load_example
 
 from jitgemm.problem import LAYOUTS, Problem
 
-SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "sweep.py"
 SEEDS = range(5)
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("sweep", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("sweep")
 
 
 # ---------------------------------------------------------------- the command line
