@@ -42,7 +42,6 @@ import json
 import math
 import os
 import re
-import secrets
 import stat
 import tempfile
 import threading
@@ -781,7 +780,7 @@ class KernelCache:
         """Best effort: the compile error names this path, so the source should be there."""
         try:
             path.parent.mkdir(mode=0o700, exist_ok=True)
-            tmp = path.with_name(f"{TMP_PREFIX}{secrets.token_hex(4)}.cu")
+            tmp = path.with_name(f"{TMP_PREFIX}{os.urandom(4).hex()}.cu")
             _write_file(tmp, source.encode())
             os.replace(tmp, path)
         except OSError:
@@ -815,7 +814,7 @@ class KernelCache:
         entry = self.entry_dir(key)
         trash = None
         if replace:  # move the corrupt entry aside first: rename cannot replace a non-empty dir
-            trash = self.root / f"{TRASH_PREFIX}{key[:16]}-{secrets.token_hex(4)}"
+            trash = self.root / f"{TRASH_PREFIX}{key[:16]}-{os.urandom(4).hex()}"
             try:
                 os.rename(entry, trash)
             except FileNotFoundError:
@@ -1032,7 +1031,7 @@ class KernelCache:
         if os.path.commonpath([parent, str(real_root)]) != str(real_root):
             raise UnsafeError(f"refusing to delete {path}: it is outside the cache root {real_root}")
         if path.parent == real_root and not path.name.startswith(TRASH_PREFIX):
-            trash = real_root / f"{TRASH_PREFIX}{path.name.lstrip('.')[:16]}-{secrets.token_hex(4)}"
+            trash = real_root / f"{TRASH_PREFIX}{path.name.lstrip('.')[:16]}-{os.urandom(4).hex()}"
             try:
                 os.rename(path, trash)
             except FileNotFoundError:

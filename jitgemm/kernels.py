@@ -6,14 +6,13 @@ import functools
 import shlex
 import threading
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from . import compiler, context, registry, runtime
 from .cache import CacheResult, KernelCache, OfflineError, cache_key, hash_parts, index_name
 from .config import KernelConfig
 from .problem import Problem
-from .render import kernel_name
+from .render import TEMPLATES, kernel_name
 
 __all__ = [
     "BuiltKernel",
@@ -104,8 +103,8 @@ def code_fingerprint() -> str:
             elif prefix.startswith("templates/") or item.name.endswith(".py"):
                 files.append((f"{prefix}{item.name}", item))
 
-    walk(resources.files("jitgemm.templates"), "templates/")
-    walk(resources.files("jitgemm.archs"), "archs/")
+    walk(TEMPLATES, "templates/")
+    walk(Path(__file__).parent / "archs", "archs/")
     for name in Path(__file__).parent.glob("*.py"):
         files.append((name.name, name))
     files.sort(key=lambda f: f[0])

@@ -4,14 +4,16 @@ backend renders its own template (`jitgemm.archs.<arch>.render`)."""
 from __future__ import annotations
 
 import functools
-from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import registry
+from . import registry, templates
 from .config import KernelConfig
 
 if TYPE_CHECKING:
     import jinja2
+
+TEMPLATES = Path(templates.__file__).parent  # the jitgemm.templates package's directory
 
 
 @functools.lru_cache(maxsize=1)
@@ -19,9 +21,8 @@ def environment() -> jinja2.Environment:
     # Jinja is heavy to import (~35 ms) and only a kernel missing from the cache is rendered.
     import jinja2
 
-    root = resources.files("jitgemm.templates")
     return jinja2.Environment(
-        loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),
+        loader=jinja2.FunctionLoader(lambda name: (TEMPLATES / name).read_text()),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,

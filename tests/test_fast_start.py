@@ -112,3 +112,40 @@ def test_clear_removes_the_index(warm):
     root, _ = warm
     KernelCache(root).clear()
     assert not (root / INDEX_DIR).exists()
+
+
+# ---- what `import jitgemm` leaves for later ----
+
+# Not needed by `import jitgemm`, nor by a first gemm on a warm cache: rendering, compiling, the
+# CLI, the tuner, writing-only helpers. The arch backends and their heuristics come with the
+# first selection (jitgemm.registry).
+LATER = (
+    "jinja2",
+    "click",
+    "tqdm",
+    "filelock",
+    "platformdirs",
+    "secrets",
+    "importlib.resources",
+    "cuda.bindings.nvrtc",
+    "jitgemm.cli",
+    "jitgemm.tuning",
+    "jitgemm.archs.sm90.arch",
+    "jitgemm.archs.sm100.arch",
+    "jitgemm.heuristics.sm90",
+    "jitgemm.heuristics.sm100",
+)
+
+
+def test_import_leaves_for_later_what_it_does_not_need():
+    # What jitgemm adds to a process that has imported NumPy and the driver bindings (which
+    # every call needs, and which import cuda.pathfinder and much of the standard library).
+    code = (
+        "import json, sys, numpy, cuda.bindings.driver; before = set(sys.modules); import jitgemm; "
+        "print(json.dumps(sorted(set(sys.modules) - before)))"
+    )
+    env = dict(os.environ, PYTHONPATH=child_pythonpath())
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    added = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [m for m in added if m in LATER] == []
+    assert "jitgemm.api" in added  # the check sees what the import brings
