@@ -31,6 +31,13 @@ the same trust rules and published atomically: an entry it names is used only wh
 is intact (read_entry) and its meta file records the same config, kernel name, arch, options,
 NVRTC version and schema; anything else (missing, corrupt, untrusted, stale) means rendering and
 looking up the key as usual, which writes the index again. clear removes it; prune keeps it.
+
+The NVRTC version is part of every key, and loading the NVRTC library to ask it costs more than
+the rest of finding a cached kernel. So NVRTC_FILE remembers the version of each NVRTC library
+file a process loaded, by the file's identity (path, real path, size, mtime and the
+cuda.pathfinder that found it; kernels.lookup_nvrtc_version): a hint read and published under
+the same rules as the index, used only while the file is unchanged. clear removes it; prune
+keeps it.
 """
 
 from __future__ import annotations
@@ -65,6 +72,10 @@ TUNING_NAMES = ("tuned.json", "tuned.json.lock")  # jitgemm.tuned's file: not a 
 DISPATCH_DIR = "dispatch"  # jitgemm.dispatch's tables, one file per target: removed by clear, kept by prune
 INDEX_DIR = "index"  # config -> cache key, so a cached kernel is found without rendering: removed by clear
 INDEX_SCHEMA = 1
+NVRTC_FILE = "nvrtc.json"  # NVRTC library file -> its version (kernels.lookup_nvrtc_version): removed by clear
+NVRTC_SCHEMA = 1
+NVRTC_LIBRARIES = 16  # libraries it remembers (one per environment sharing the root), the latest kept
+NVRTC_VERSION_RE = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}")
 ENV_ROOT, ENV_OFFLINE = "JITGEMM_CACHE_DIR", "JITGEMM_OFFLINE"
 SHARED_OWNER_UID = 0  # root: what it owns may be read by anyone (never written by others)
 
@@ -654,6 +665,42 @@ class KernelCache:
         except (OSError, UnsafeError, CorruptEntry):
             pass
 
+    def find_nvrtc_version(self, library: str, identity: dict) -> str | None:
+        """The NVRTC version remembered (NVRTC_FILE) for the library file `library` when the
+        file still has `identity` (kernels.lookup_nvrtc_version), else None. Read under the
+        trust rules; never raises for a bad root or file."""
+        try:
+            check_root(self.root)
+            record = parse_json(read_trusted(self.root / NVRTC_FILE, NVRTC_FILE), NVRTC_FILE)
+            found = record["libraries"][library]
+            version = found["version"]
+            if record["schema"] != NVRTC_SCHEMA or found["identity"] != identity or not isinstance(version, str):
+                return None
+        except (OSError, UnsafeError, CorruptEntry, ValueError, KeyError, TypeError):
+            return None
+        return version if NVRTC_VERSION_RE.fullmatch(version) else None
+
+    def remember_nvrtc_version(self, library: str, identity: dict, version: str) -> None:
+        """Record `version` as that of the library file `library` with `identity` (keeping the
+        other libraries, at most NVRTC_LIBRARIES): best effort, published atomically; a shared,
+        missing or unwritable root, or any error, leaves the file as it was."""
+        if not NVRTC_VERSION_RE.fullmatch(version) or is_shared(self.root):
+            return
+        path = self.root / NVRTC_FILE
+        try:
+            check_root(self.root, write=True)
+            try:
+                libraries = parse_json(read_trusted(path, NVRTC_FILE), NVRTC_FILE)["libraries"]
+                libraries = {k: v for k, v in libraries.items() if isinstance(k, str) and k != library}
+            except (CorruptEntry, UnsafeError, ValueError, KeyError, TypeError, AttributeError):
+                libraries = {}
+            libraries[library] = {"identity": identity, "version": version}  # the latest last
+            kept = dict(list(libraries.items())[-NVRTC_LIBRARIES:])
+            data = json.dumps({"schema": NVRTC_SCHEMA, "libraries": kept}, indent=1).encode()
+            publish_file(path, data, self.root, ".json")
+        except (OSError, UnsafeError, CorruptEntry):
+            pass
+
     def get_or_compile(
         self, source: str, arch: str, options: tuple, nvrtc_version: str, meta: dict, compile_fn, offline_hint: str = ""
     ) -> CacheResult:
@@ -1015,7 +1062,7 @@ class KernelCache:
             elif name.startswith(TMP_PREFIX):
                 if _age(real / name, now) > STALE_TMP_S:
                     self._delete(real, name)
-            elif name in (LOCK_DIR, FAILED_DIR, DISPATCH_DIR, INDEX_DIR) or name.startswith(TRASH_PREFIX):
+            elif name in (LOCK_DIR, FAILED_DIR, DISPATCH_DIR, INDEX_DIR, NVRTC_FILE) or name.startswith(TRASH_PREFIX):
                 self._delete(real, name)
             else:
                 unknown.append(name)  # not ours: a mistyped JITGEMM_CACHE_DIR must not wipe a home dir

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import time
 from dataclasses import dataclass
 
@@ -34,8 +35,9 @@ def _nvrtc():
 
 
 @functools.lru_cache(maxsize=1)
-def nvrtc_version() -> str:
-    """The NVRTC version, "major.minor", of the library cuda.bindings.nvrtc compiles with.
+def _loaded() -> tuple[str, str | None]:
+    """(version "major.minor", library file) of the NVRTC cuda.bindings.nvrtc compiles with,
+    loading it; the file is None where cuda.pathfinder did not load it.
 
     Asked through ctypes of the very library cuda.bindings loads (cuda.pathfinder's
     load_nvidia_dynamic_lib("nvrtc"), which caches the loaded handle per process), so the cache
@@ -45,15 +47,68 @@ def nvrtc_version() -> str:
         # cuda.pathfinder is already imported by cuda.bindings.driver (jitgemm.runtime).
         from cuda.pathfinder import load_nvidia_dynamic_lib
 
-        library = ctypes.CDLL(load_nvidia_dynamic_lib("nvrtc").abs_path)
+        path = load_nvidia_dynamic_lib("nvrtc").abs_path
+        library = ctypes.CDLL(path)
         major, minor = ctypes.c_int(), ctypes.c_int()
         if library.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
-            return f"{major.value}.{minor.value}"
+            return f"{major.value}.{minor.value}", path
     except Exception:  # any failure: ask cuda.bindings, which raises the error that matters
         pass
     err, major_, minor_ = _nvrtc().nvrtcVersion()
     _check(err, "nvrtcVersion")
-    return f"{major_}.{minor_}"
+    return f"{major_}.{minor_}", None
+
+
+def nvrtc_version() -> str:
+    """The NVRTC version, "major.minor", of the library cuda.bindings.nvrtc compiles with
+    (loading the library on first use, ~15 ms; kernels.lookup_nvrtc_version avoids that on a
+    warm cache)."""
+    return _loaded()[0]
+
+
+def nvrtc_loaded() -> bool:
+    """Whether nvrtc_version has loaded NVRTC in this process (asking again costs nothing)."""
+    return _loaded.cache_info().currsize > 0
+
+
+def loaded_library() -> str | None:
+    """The file nvrtc_version loaded NVRTC from (loading it first), None when unknown."""
+    return _loaded()[1]
+
+
+def nvrtc_library() -> tuple[str, dict] | None:
+    """(path, identity) of the file cuda.bindings.nvrtc would load NVRTC from, found without
+    loading it, or None where that cannot be told cheaply: NVRTC is loaded in this process
+    already (then nvrtc_version is cheap), or it is not in an NVIDIA wheel or conda environment
+    (the system's loader then picks it), or cuda.pathfinder's internals have changed.
+
+    This follows cuda.pathfinder's documented search order (already loaded, then NVIDIA wheels
+    and conda, then the system), through its own find steps. The identity (the file's real
+    path, size and mtime, and cuda.pathfinder's version) keys kernels.lookup_nvrtc_version's
+    memo: any change to the file, or another cuda.pathfinder, means asking the library again.
+    """
+    try:
+        # cuda.bindings.driver imported these already; internals, so any failure means "ask".
+        import cuda.pathfinder
+        from cuda.pathfinder._dynamic_libs import lib_descriptor, platform_loader, search_steps
+
+        desc = lib_descriptor.LIB_DESCRIPTORS["nvrtc"]
+        if platform_loader.LOADER.check_if_already_loaded_from_elsewhere(desc) is not None:
+            return None
+        found = search_steps.run_find_steps(search_steps.SearchContext(desc), search_steps.EARLY_FIND_STEPS)
+        if found is None:
+            return None
+        path = str(found.abs_path)
+        return path, library_identity(path, str(cuda.pathfinder.__version__))
+    except Exception:  # not importable, not found, another layout: ask the library
+        return None
+
+
+def library_identity(path: str, finder: str) -> dict:
+    """What identifies the library file `path`, as `finder` (cuda.pathfinder's version) found
+    it: its real path, size and mtime (OSError when it cannot be read)."""
+    st = os.stat(path)
+    return {"file": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "pathfinder": finder}
 
 
 def options_for(arch: str) -> tuple[str, ...]:

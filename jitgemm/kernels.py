@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import shlex
 import threading
 from dataclasses import dataclass
@@ -111,13 +112,48 @@ def code_fingerprint() -> str:
     return hash_parts([f"jitgemm={__version__}"] + [part for name, item in files for part in (name, item.read_bytes())])
 
 
+_remembered: dict = {}  # cache root -> the NVRTC version its memo gave this process
+
+
+def lookup_nvrtc_version(cache: KernelCache) -> str:
+    """This process's NVRTC version (compiler.nvrtc_version), to find its kernels in `cache`
+    through the index, without loading NVRTC when `cache` remembers the version of the library
+    file cuda.bindings would load (compiler.nvrtc_library; cache.NVRTC_FILE).
+
+    Exact: the memo is keyed by the file's identity (compiler.library_identity: a file with the
+    same real path, size and mtime is the same library, as Python judges a source file against
+    its bytecode), so a replaced or updated library, or another cuda.pathfinder, is asked again;
+    it is written only after a load has shown that the file predicted is the file loaded, and
+    read and written under the cache's trust rules. The wheel's metadata would not do: it names
+    the wheel's NVRTC, not necessarily the library cuda.pathfinder loads (conda, a system CUDA,
+    one already loaded by torch or CuPy). Only finding kernels uses it: a kernel is compiled,
+    and its key made, with the version of the library loaded (kernels.prepare).
+    """
+    if compiler.nvrtc_loaded():  # exact, and asked already
+        return compiler.nvrtc_version()
+    version = _remembered.get(cache.root)
+    if version is not None:
+        return version
+    library = compiler.nvrtc_library()
+    if library is not None:
+        version = cache.find_nvrtc_version(*library)
+        if version is not None:
+            _remembered[cache.root] = version
+            return version
+    version = compiler.nvrtc_version()  # loads NVRTC
+    loaded = compiler.loaded_library()
+    if library is not None and loaded is not None and os.path.realpath(loaded) == library[1]["file"]:
+        cache.remember_nvrtc_version(*library, version)
+    return version
+
+
 def _find_indexed(config: KernelConfig, cache: KernelCache) -> BuiltKernel | None:
     """`config`'s kernel from the disk cache through its index, without rendering (None: not
     indexed, or the index is stale; then build renders and looks the key up as usual)."""
     try:
         options = compiler.options_for(config.arch)
         name = index_name(config.to_json(), config.arch, options, code_fingerprint())
-        nvrtc_version = compiler.nvrtc_version()
+        nvrtc_version = lookup_nvrtc_version(cache)
     except Exception:  # no NVRTC, unreadable sources: the usual path reports what matters
         return None
     kernel = kernel_name(config)

@@ -112,6 +112,7 @@ FUNCTION_LEVEL_IMPORTS = {
     "click",  # the CLI
     "cuda.bindings.nvrtc",  # compiling
     "cuda.pathfinder",  # locating NVRTC (cuda.bindings.driver imported it already)
+    "cuda.pathfinder._dynamic_libs",  # locating NVRTC without loading it (imported already as well)
     "platformdirs",  # the default cache root, when JITGEMM_CACHE_DIR is unset
     "filelock",  # the tuner's file
     "cuda.core.utils",  # DLPack-only inputs
