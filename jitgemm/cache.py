@@ -680,12 +680,15 @@ class KernelCache:
             return None
         return version if NVRTC_VERSION_RE.fullmatch(version) else None
 
-    def remember_nvrtc_version(self, library: str, identity: dict, version: str) -> None:
+    def remember_nvrtc_version(self, library: str, identity: dict, version: str) -> bool:
         """Record `version` as that of the library file `library` with `identity` (keeping the
-        other libraries, at most NVRTC_LIBRARIES): best effort, published atomically; a shared,
-        missing or unwritable root, or any error, leaves the file as it was."""
+        other libraries, at most NVRTC_LIBRARIES), published atomically: whether the file holds
+        it now. Best effort: a shared, missing or unwritable root, or any error, leaves the
+        file as it was."""
         if not NVRTC_VERSION_RE.fullmatch(version) or is_shared(self.root):
-            return
+            return False
+        if self.find_nvrtc_version(library, identity) == version:
+            return True
         path = self.root / NVRTC_FILE
         try:
             check_root(self.root, write=True)
@@ -699,7 +702,8 @@ class KernelCache:
             data = json.dumps({"schema": NVRTC_SCHEMA, "libraries": kept}, indent=1).encode()
             publish_file(path, data, self.root, ".json")
         except (OSError, UnsafeError, CorruptEntry):
-            pass
+            return False
+        return True
 
     def get_or_compile(
         self, source: str, arch: str, options: tuple, nvrtc_version: str, meta: dict, compile_fn, offline_hint: str = ""

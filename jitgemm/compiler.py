@@ -71,11 +71,6 @@ def nvrtc_loaded() -> bool:
     return _loaded.cache_info().currsize > 0
 
 
-def loaded_library() -> str | None:
-    """The file nvrtc_version loaded NVRTC from (loading it first), None when unknown."""
-    return _loaded()[1]
-
-
 def nvrtc_library() -> tuple[str, dict] | None:
     """(path, identity) of the file cuda.bindings.nvrtc would load NVRTC from, found without
     loading it, or None where that cannot be told cheaply: NVRTC is loaded in this process
@@ -83,19 +78,41 @@ def nvrtc_library() -> tuple[str, dict] | None:
     (the system's loader then picks it), or cuda.pathfinder's internals have changed.
 
     This follows cuda.pathfinder's documented search order (already loaded, then NVIDIA wheels
-    and conda, then the system), through its own find steps. The identity (the file's real
-    path, size and mtime, and cuda.pathfinder's version) keys kernels.lookup_nvrtc_version's
-    memo: any change to the file, or another cuda.pathfinder, means asking the library again.
+    and conda, then the system) through its own find steps. The identity keys the memo of
+    kernels.lookup_nvrtc_version (library_identity).
     """
+    try:
+        # cuda.bindings.driver imported it already; internals, so any failure means "ask".
+        from cuda.pathfinder._dynamic_libs import lib_descriptor, platform_loader
+
+        if platform_loader.LOADER.check_if_already_loaded_from_elsewhere(lib_descriptor.LIB_DESCRIPTORS["nvrtc"]):
+            return None
+    except Exception:
+        return None
+    return _packaged_library()
+
+
+def loaded_library() -> tuple[str, dict] | None:
+    """(path, identity) of the file nvrtc_version loaded NVRTC from (loading it first) when that
+    is the file nvrtc_library names in a process that has not loaded NVRTC, else None: what
+    kernels.remember_nvrtc_version may record (so each write checks the prediction again)."""
+    loaded = _loaded()[1]
+    found = _packaged_library()
+    if loaded is None or found is None or found[1]["file"] != os.path.realpath(loaded):
+        return None
+    return found
+
+
+def _packaged_library() -> tuple[str, dict] | None:
+    """(path, identity) of the NVRTC library of an NVIDIA wheel or the conda environment, the
+    one cuda.pathfinder loads unless NVRTC is loaded already (its own find steps), or None."""
     try:
         # cuda.bindings.driver imported these already; internals, so any failure means "ask".
         import cuda.pathfinder
-        from cuda.pathfinder._dynamic_libs import lib_descriptor, platform_loader, search_steps
+        from cuda.pathfinder._dynamic_libs import lib_descriptor, search_steps
 
-        desc = lib_descriptor.LIB_DESCRIPTORS["nvrtc"]
-        if platform_loader.LOADER.check_if_already_loaded_from_elsewhere(desc) is not None:
-            return None
-        found = search_steps.run_find_steps(search_steps.SearchContext(desc), search_steps.EARLY_FIND_STEPS)
+        context = search_steps.SearchContext(lib_descriptor.LIB_DESCRIPTORS["nvrtc"])
+        found = search_steps.run_find_steps(context, search_steps.EARLY_FIND_STEPS)
         if found is None:
             return None
         path = str(found.abs_path)
@@ -105,8 +122,10 @@ def nvrtc_library() -> tuple[str, dict] | None:
 
 
 def library_identity(path: str, finder: str) -> dict:
-    """What identifies the library file `path`, as `finder` (cuda.pathfinder's version) found
-    it: its real path, size and mtime (OSError when it cannot be read)."""
+    """What identifies the library file `path` (OSError when it cannot be read): its real path,
+    size and mtime (a file with all three unchanged is the same library, as Python judges a
+    source against its bytecode) and `finder`, the version of cuda.pathfinder that found it
+    (another one checks again that nvrtc_library names the file it loads)."""
     st = os.stat(path)
     return {"file": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "pathfinder": finder}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import shlex
 import threading
 from dataclasses import dataclass
@@ -112,39 +111,48 @@ def code_fingerprint() -> str:
     return hash_parts([f"jitgemm={__version__}"] + [part for name, item in files for part in (name, item.read_bytes())])
 
 
-_remembered: dict = {}  # cache root -> the NVRTC version its memo gave this process
+_remembered: dict = {}  # cache root -> the NVRTC version its memo holds for this process's library
 
 
 def lookup_nvrtc_version(cache: KernelCache) -> str:
     """This process's NVRTC version (compiler.nvrtc_version), to find its kernels in `cache`
-    through the index, without loading NVRTC when `cache` remembers the version of the library
+    through the index: without loading NVRTC where `cache` remembers the version of the library
     file cuda.bindings would load (compiler.nvrtc_library; cache.NVRTC_FILE).
 
-    Exact: the memo is keyed by the file's identity (compiler.library_identity: a file with the
-    same real path, size and mtime is the same library, as Python judges a source file against
-    its bytecode), so a replaced or updated library, or another cuda.pathfinder, is asked again;
-    it is written only after a load has shown that the file predicted is the file loaded, and
-    read and written under the cache's trust rules. The wheel's metadata would not do: it names
-    the wheel's NVRTC, not necessarily the library cuda.pathfinder loads (conda, a system CUDA,
-    one already loaded by torch or CuPy). Only finding kernels uses it: a kernel is compiled,
-    and its key made, with the version of the library loaded (kernels.prepare).
+    Exact: the memo holds what a library file said its version is, under the file's identity
+    (compiler.library_identity), so a replaced or updated library, or another cuda.pathfinder,
+    is asked again; only the files cuda.pathfinder was seen to load where nvrtc_library looks
+    are recorded (remember_nvrtc_version), and the file is read and written under the cache's
+    trust rules. The wheel's metadata would not do: it names the wheel's NVRTC, not necessarily
+    the library cuda.pathfinder loads (conda, a system CUDA, one loaded already by torch or
+    CuPy). Only finding kernels uses it: a kernel is compiled, and its key made, with the
+    version of the library loaded (kernels.prepare), and a process that has loaded it asks it.
     """
-    if compiler.nvrtc_loaded():  # exact, and asked already
-        return compiler.nvrtc_version()
-    version = _remembered.get(cache.root)
-    if version is not None:
-        return version
-    library = compiler.nvrtc_library()
-    if library is not None:
-        version = cache.find_nvrtc_version(*library)
+    if not compiler.nvrtc_loaded():
+        version = _remembered.get(cache.root)
+        if version is None:
+            library = compiler.nvrtc_library()
+            version = None if library is None else cache.find_nvrtc_version(*library)
         if version is not None:
             _remembered[cache.root] = version
             return version
-    version = compiler.nvrtc_version()  # loads NVRTC
-    loaded = compiler.loaded_library()
-    if library is not None and loaded is not None and os.path.realpath(loaded) == library[1]["file"]:
-        cache.remember_nvrtc_version(*library, version)
+    version = compiler.nvrtc_version()  # loads NVRTC, once per process
+    remember_nvrtc_version(cache)
     return version
+
+
+def remember_nvrtc_version(cache: KernelCache) -> None:
+    """Record in `cache` the version of the NVRTC this process loaded, for its library file
+    (compiler.loaded_library), once per process and root; best effort (a missing, shared or
+    unwritable root is tried again next time)."""
+    if not compiler.nvrtc_loaded():  # nothing learned: loading NVRTC is what the memo avoids
+        return
+    version = compiler.nvrtc_version()
+    if _remembered.get(cache.root) == version:
+        return
+    library = compiler.loaded_library()
+    if library is not None and cache.remember_nvrtc_version(*library, version):
+        _remembered[cache.root] = version
 
 
 def _find_indexed(config: KernelConfig, cache: KernelCache) -> BuiltKernel | None:
@@ -211,10 +219,11 @@ def build(config: KernelConfig, cache: KernelCache | None = None, problem: Probl
         compile_fn,
         offline_hint=_offline_hint(src, problem),
     )
-    if result.path is not None:  # on disk: index it, so the next process needs no render
+    if result.path is not None:  # on disk: index it, so the next process needs no render (nor NVRTC)
         cache.write_index(
             index_name(config.to_json(), config.arch, src.options, code_fingerprint()), src.nvrtc_version, result.key
         )
+        remember_nvrtc_version(cache)
     return BuiltKernel(config, src.layout, src.name, result)
 
 

@@ -90,17 +90,19 @@ def test_the_prediction_is_the_library_cuda_bindings_loads():
     assert predicted == loaded
 
 
-def test_the_next_fresh_process_does_not_even_load_nvrtc(warm):
+def test_a_fresh_process_finds_the_kernel_without_loading_nvrtc(warm):
     if _fresh_prediction()[0] is None:
         pytest.skip(NOT_PREDICTED)
     root, built = warm
-    first = _fresh_build(root)  # NVRTC loaded for its version, remembered for its library file
-    assert first["hit"] and first["loaded"] and not first["rendered"]
-    (library,) = json.loads((root / NVRTC_FILE).read_text())["libraries"].values()
-    assert library["version"] == compiler.nvrtc_version()
-    assert (root / NVRTC_FILE).stat().st_mode & 0o777 == 0o600
-    second = _fresh_build(root)
-    assert second == dict(first, loaded=False)  # the same kernel, found without NVRTC
+    memo = root / NVRTC_FILE
+    (library,) = json.loads(memo.read_text())["libraries"].values()  # written by the build that compiled
+    assert library["version"] == compiler.nvrtc_version() and memo.stat().st_mode & 0o777 == 0o600
+    found = _fresh_build(root)
+    assert found["hit"] and found["key"] == built.cache.key and not found["rendered"]
+    assert not found["loaded"]  # libnvrtc not even mapped
+    memo.unlink()
+    assert _fresh_build(root) == dict(found, loaded=True)  # asks NVRTC, and remembers its answer
+    assert _fresh_build(root) == found
 
 
 def _other_config_entry(root: Path) -> str:
@@ -164,84 +166,120 @@ OTHER_UID = 12345
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another uid needs root")
 
 
+class FakeNvrtc:
+    """compiler's view of NVRTC, faked: the library is a file of the test's (`path`, version
+    13.5), which nvrtc_library predicts in a process that has not loaded it and which loading
+    finds (unless `loaded_from` says otherwise); loads are counted, and `new_process` forgets
+    what a process knows."""
+
+    def __init__(self, path: Path, monkeypatch):
+        self.path, self.loaded_from, self.finder, self.version = path, path, "1.9", "13.5"
+        self.loads, self.loaded, self.monkeypatch = 0, False, monkeypatch
+        monkeypatch.setattr(compiler, "nvrtc_loaded", lambda: self.loaded)
+        monkeypatch.setattr(compiler, "nvrtc_version", self.nvrtc_version)
+        monkeypatch.setattr(compiler, "nvrtc_library", lambda: None if self.loaded else self.identity())
+        monkeypatch.setattr(compiler, "loaded_library", lambda: self.identity() if self.loaded_from == path else None)
+        self.new_process()
+
+    def identity(self) -> tuple:
+        return str(self.path), compiler.library_identity(str(self.path), self.finder)
+
+    def nvrtc_version(self) -> str:
+        if not self.loaded:
+            self.loaded, self.loads = True, self.loads + 1
+        return self.version
+
+    def new_process(self) -> None:
+        self.loaded = False
+        self.monkeypatch.setattr(kernels, "_remembered", {})
+
+
 @pytest.fixture
 def fake_nvrtc(tmp_path, monkeypatch):
-    """A process that has not loaded NVRTC, whose NVRTC library is a file of the test's, and
-    whose every load of NVRTC (to learn the version: 13.5) is counted."""
     library = tmp_path / "lib" / "libnvrtc.so.13"
     library.parent.mkdir()
     library.write_bytes(b"\x7fELF" + bytes(100))
-    loads = []
-    monkeypatch.setattr(kernels, "_remembered", {})
-    monkeypatch.setattr(compiler, "nvrtc_loaded", lambda: False)
-    monkeypatch.setattr(
-        compiler, "nvrtc_library", lambda: (str(library), compiler.library_identity(str(library), "1.9"))
-    )
-    monkeypatch.setattr(compiler, "nvrtc_version", lambda: loads.append(1) or "13.5")
-    monkeypatch.setattr(compiler, "loaded_library", lambda: str(library))
     cache = KernelCache(tmp_path / "cache")
     cache.ensure_root()
-    return library, loads, cache
+    return FakeNvrtc(library, monkeypatch), cache
 
 
-def _new_process(monkeypatch):
-    monkeypatch.setattr(kernels, "_remembered", {})
-
-
-def test_the_nvrtc_version_is_remembered_for_its_library_file(fake_nvrtc, monkeypatch):
-    library, loads, cache = fake_nvrtc
-    assert kernels.lookup_nvrtc_version(cache) == "13.5" and len(loads) == 1
+def test_the_nvrtc_version_is_remembered_for_its_library_file(fake_nvrtc):
+    nvrtc, cache = fake_nvrtc
+    assert kernels.lookup_nvrtc_version(cache) == "13.5" and nvrtc.loads == 1
     record = json.loads((cache.root / NVRTC_FILE).read_text())
-    assert record["libraries"][str(library)]["version"] == "13.5"
+    assert record["libraries"][str(nvrtc.path)]["version"] == "13.5"
     for _ in range(2):
-        _new_process(monkeypatch)
-        assert kernels.lookup_nvrtc_version(cache) == "13.5"
-    assert len(loads) == 1  # remembered: NVRTC not loaded again
+        nvrtc.new_process()
+        assert kernels.lookup_nvrtc_version(cache) == "13.5" and not nvrtc.loaded
+    assert nvrtc.loads == 1  # remembered: NVRTC not loaded again
 
 
 @pytest.mark.parametrize("change", ["rewritten", "touched", "another pathfinder", "another file"])
-def test_a_changed_library_is_asked_again(fake_nvrtc, monkeypatch, tmp_path, change):
-    library, loads, cache = fake_nvrtc
+def test_a_changed_library_is_asked_again(fake_nvrtc, tmp_path, change):
+    nvrtc, cache = fake_nvrtc
     kernels.lookup_nvrtc_version(cache)
     if change == "rewritten":
-        library.write_bytes(b"\x7fELF" + bytes(200))  # e.g. another NVRTC wheel installed in its place
+        nvrtc.path.write_bytes(b"\x7fELF" + bytes(200))  # e.g. another NVRTC wheel installed in its place
     elif change == "touched":
-        st = library.stat()
-        os.utime(library, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+        st = nvrtc.path.stat()
+        os.utime(nvrtc.path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
     elif change == "another pathfinder":
-        monkeypatch.setattr(
-            compiler, "nvrtc_library", lambda: (str(library), compiler.library_identity(str(library), "2.0"))
-        )
+        nvrtc.finder = "2.0"
     else:  # the same path, now a symlink to another file
         other = tmp_path / "lib" / "libnvrtc.so.13.9"
-        library.rename(other)
-        library.symlink_to(other)
-    _new_process(monkeypatch)
-    assert kernels.lookup_nvrtc_version(cache) == "13.5" and len(loads) == 2  # asked the library again
-    _new_process(monkeypatch)
+        nvrtc.path.rename(other)
+        nvrtc.path.symlink_to(other)
+    nvrtc.new_process()
+    assert kernels.lookup_nvrtc_version(cache) == "13.5" and nvrtc.loads == 2  # asked the library again
+    nvrtc.new_process()
     kernels.lookup_nvrtc_version(cache)
-    assert len(loads) == 2  # ... and remembered that
+    assert nvrtc.loads == 2  # ... and remembered its answer
 
 
-def test_only_a_prediction_the_load_confirmed_is_remembered(fake_nvrtc, monkeypatch, tmp_path):
-    library, loads, cache = fake_nvrtc
-    monkeypatch.setattr(compiler, "loaded_library", lambda: str(tmp_path / "elsewhere" / "libnvrtc.so.13"))
+def test_a_library_loaded_from_elsewhere_is_not_remembered(fake_nvrtc, tmp_path):
+    # cuda.pathfinder loaded another file than the one nvrtc_library names (torch had loaded
+    # its own, or its search order changed): nothing is recorded for the file named.
+    nvrtc, cache = fake_nvrtc
+    nvrtc.loaded_from = tmp_path / "elsewhere" / "libnvrtc.so.13"
     kernels.lookup_nvrtc_version(cache)
     assert not (cache.root / NVRTC_FILE).exists()
 
 
-def test_a_process_that_loaded_nvrtc_asks_it(fake_nvrtc, monkeypatch):
-    library, loads, cache = fake_nvrtc
-    kernels.lookup_nvrtc_version(cache)
-    monkeypatch.setattr(compiler, "nvrtc_loaded", lambda: True)
-    monkeypatch.setattr(compiler, "nvrtc_version", lambda: "99.9")  # what the loaded library says wins
-    assert kernels.lookup_nvrtc_version(cache) == "99.9"
+def test_only_the_file_nvrtc_library_names_is_offered_for_the_memo(tmp_path, monkeypatch):
+    library = tmp_path / "libnvrtc.so.13.5"
+    library.write_bytes(b"\x7fELF")
+    link = tmp_path / "libnvrtc.so.13"
+    link.symlink_to(library)
+    named = (str(link), compiler.library_identity(str(link), "1.9"))
+    monkeypatch.setattr(compiler, "_packaged_library", lambda: named)
+    for loaded, offered in ((str(link), named), (str(library), named), (str(tmp_path / "other.so"), None)):
+        monkeypatch.setattr(compiler, "_loaded", lambda loaded=loaded: ("13.5", loaded))
+        assert compiler.loaded_library() == offered, loaded
 
 
-def _planted(library: Path, version: str) -> bytes:
-    """A memo file that would give `version` for `library` (as it is now), were it trusted."""
-    identity = compiler.library_identity(str(library), "1.9")
-    return json.dumps({"schema": 1, "libraries": {str(library): {"identity": identity, "version": version}}}).encode()
+def test_a_process_that_loaded_nvrtc_asks_it(fake_nvrtc, tmp_path):
+    nvrtc, cache = fake_nvrtc
+    kernels.lookup_nvrtc_version(cache)  # remembered: 13.5
+    nvrtc.new_process()
+    nvrtc.loaded, nvrtc.version = True, "13.6"  # e.g. loaded by torch before the first gemm
+    nvrtc.loaded_from = tmp_path / "torch" / "libnvrtc.so.13"
+    assert kernels.lookup_nvrtc_version(cache) == "13.6"
+
+
+def test_the_build_that_compiles_remembers_the_version(fake_nvrtc, monkeypatch, tmp_path):
+    nvrtc, _ = fake_nvrtc
+    cache = KernelCache(tmp_path / "new")  # made by the compile, after the index lookup
+    monkeypatch.setattr(compiler, "compile_cubin", lambda *args, **kwargs: compiler.CompileResult(b"cubin", "", 0.0))
+    assert not kernels.build(SMALL, cache).cache.hit
+    record = json.loads((cache.root / NVRTC_FILE).read_text())
+    assert record["libraries"][str(nvrtc.path)]["version"] == "13.5" and nvrtc.loads == 1
+
+
+def _planted(nvrtc: FakeNvrtc, version: str) -> bytes:
+    """A memo file that would give `version` for the library (as it is now), were it trusted."""
+    path, identity = nvrtc.identity()
+    return json.dumps({"schema": 1, "libraries": {path: {"identity": identity, "version": version}}}).encode()
 
 
 @pytest.mark.parametrize(
@@ -257,10 +295,10 @@ def _planted(library: Path, version: str) -> bytes:
         pytest.param("other owner", marks=AS_ROOT),
     ],
 )
-def test_a_memo_that_is_not_trusted_is_ignored(fake_nvrtc, monkeypatch, tmp_path, how):
-    library, loads, cache = fake_nvrtc
+def test_a_memo_that_is_not_trusted_is_ignored(fake_nvrtc, tmp_path, how):
+    nvrtc, cache = fake_nvrtc
     memo = cache.root / NVRTC_FILE
-    data = _planted(library, "12.0")
+    data = _planted(nvrtc, "12.0")
     if how == "not json":
         data = b"{not json"
     elif how == "not a version":
@@ -281,17 +319,17 @@ def test_a_memo_that_is_not_trusted_is_ignored(fake_nvrtc, monkeypatch, tmp_path
         os.chown(memo, OTHER_UID, OTHER_UID)
     version = kernels.lookup_nvrtc_version(cache)
     if how == "trusted":  # the planted file as it would be read were it not tampered with
-        assert version == "12.0" and loads == []
+        assert version == "12.0" and nvrtc.loads == 0
         return
-    assert version == "13.5" and len(loads) == 1  # the library asked, the memo not believed
+    assert version == "13.5" and nvrtc.loads == 1  # the library asked, the memo not believed
     if how not in ("a directory",):  # replaced by one of ours (never through the link)
-        assert not memo.is_symlink() and json.loads(memo.read_text())["libraries"][str(library)]["version"] == "13.5"
+        assert not memo.is_symlink() and json.loads(memo.read_text())["libraries"][str(nvrtc.path)]["version"] == "13.5"
     if how == "symlink":
         assert b"12.0" in target.read_bytes()
 
 
 def test_clear_removes_the_memo_and_prune_keeps_it(fake_nvrtc):
-    library, loads, cache = fake_nvrtc
+    nvrtc, cache = fake_nvrtc
     kernels.lookup_nvrtc_version(cache)
     cache.prune(older_than=0)
     assert (cache.root / NVRTC_FILE).exists()
