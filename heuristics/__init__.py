@@ -8,7 +8,8 @@
 - `require_valid(config, problem, device, source)`: check_config that raises ValueError.
 
 Each arch's rules (`sm90`, `sm100`) are reached through its backend in `jitgemm.registry`;
-shared pieces in `device` (DeviceSpec, the per-arch rates; their calibration in RATES.md),
+shared pieces in `device` (DeviceSpec, the rates of each device kind, from calibration/<kind>.json;
+how they are calibrated: RATES.md),
 `rules` (config checks, stage arithmetic), `tiles` (block counts, wave quantisation, the
 scheduler's tile walk and raster), `cost` (the pieces of the cost models) and `search`
 (screening, ranking, explain's reports).

@@ -189,13 +189,15 @@ def explanation(
     **extra,
 ) -> dict:
     """The JSON-serialisable answer of `explain`: problem, device, chosen config, the best `top`
-    candidates (ranked best first) with their cost terms, and the rejections with their rules."""
+    candidates (ranked best first) with their cost terms, the rejections with their rules, and
+    the calibration file the rates came from (`DeviceSpec.rates_source`)."""
     out = {
         "problem": problem_dict(problem),
         "device": device_dict(device),
         "chosen": chosen.to_dict(),
         "candidates": [c.to_dict() for c in list(ranked)[: max(0, top)]],
         "rejected": [r.to_dict() for r in rejected],
+        "rates": device.rates_source,
     }
     out.update(extra)
     return _jsonable(out)

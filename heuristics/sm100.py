@@ -42,23 +42,13 @@ from jitgemm.problem import DTYPE_BYTES, Problem
 
 from . import rules
 from .cost import Traffic, epilogue_clk, kblock_terms, output_bytes, persistent_cost, wave_terms
-from .device import ArchRates, DeviceSpec
+from .device import DeviceSpec, arch_rates
 from .rules import config_problems, with_fields
 from .search import Candidate, Rejection, describe_layout, explain_search, report_terms, screen, select_best
 
 ARCH = "sm_100a"
-# Placeholders until measured (the model uses the tensor-core, shared-memory, L2 and latency
-# rates; no clock credit; the ingress and run overhead sm_90a's).
-RATES = ArchRates(
-    mma_flops_per_clk=8192,
-    mma_peak_flops_per_clk=8192,
-    l2_sm_bytes_per_clk=64,
-    l2_total_bytes_per_clk=8192,
-    hbm_bytes_per_clk=4000,
-    dram_read_bytes_per_clk=4000,
-    dram_run_overhead_bytes=32,
-    load_latency_clk=1000,
-)
+# Placeholders until measured: heuristics/calibration/sm_100a-148.json (cost_of reads device.rates).
+RATES = arch_rates(ARCH)
 
 CONSUMERS = (1, 2)
 BLOCK_NS = tuple(range(16, 257, 16))

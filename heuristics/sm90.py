@@ -65,12 +65,12 @@ from .cost import (
     tile_flops,
     tma_latency_clk,
 )
-from .device import ArchRates, DeviceSpec
+from .device import DeviceSpec, arch_rates
 from .rules import MIN_STAGES, config_problems, with_fields
 from .search import Candidate, Rejection, describe_layout, explanation, report_terms, screen
 
 ARCH = "sm_90a"
-RATES = ArchRates()  # measured on the H200 (heuristics/RATES.md)
+RATES = arch_rates(ARCH)  # heuristics/calibration/sm_90a-132.json, measured on the H200 (RATES.md)
 
 # Register split of the template (setmaxnreg in templates/sm90/gemm.cu.j2). The math
 # warpgroups can only take what the producer gives back: with two, producer + 2 x math must

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 from cuda.bindings import driver
 
-from . import context, kernels, launch, plan, registry, runtime
+from . import context, kernels, launch, plan, registry, runtime, staging
 from .arrays import (
     GENERIC,
     HOST,
@@ -159,7 +159,8 @@ def _warn_copy(argname: str, what: str) -> None:
         _warned.add(argname)
     reason = (
         "TMA needs a unit-stride dimension, a 16-byte aligned base address and leading stride, and "
-        "rows of whole 16-byte units"
+        "rows of whole 16-byte units; a copy kernel stages it into aligned rows of a workspace "
+        "reused across calls"
         if argname in ("a", "b")
         else "outputs and C of unit-stride, element-aligned rows are written and read in place at any "
         "alignment on sm_90a (other layouts, and unaligned rows on sm_100a, are not)"
@@ -273,8 +274,16 @@ class _Kernel:
         self.grid = self.arch.grid_size(cfg, problem, device_spec(dev).num_sms)
         self.tiles = self.arch.cluster_tiles(cfg, problem.m, problem.n) * cfg.cluster_size
 
-    def launch(self, va: View, vb: View, vd: View, vc: View | None, alpha: float, beta: float) -> launch.KernelLaunch:
-        maps = self.arch.tensor_maps(self.problem, self.lay, va, vb, vd, vc)
+    def launch(
+        self, va: View, vb: View, vd: View, vc: View | None, alpha: float, beta: float, staged: tuple = (None, None)
+    ) -> launch.KernelLaunch:
+        """The launch for these views; `staged`: the staging.StagedOperand of A and of B where
+        that operand is staged (its map then reads the workspace), else None."""
+        stage = None
+        if staged != (None, None):
+            stage = staging.StageLaunch(staging.kernel(self.cfg.arch, self.dev), staged, self.stream)
+        kernel_views = [view if op is None else op.kernel_view(view) for view, op in zip((va, vb), staged)]
+        maps = self.arch.tensor_maps(self.problem, self.lay, *kernel_views, vd, vc)
         outputs: tuple = ()
         if self.cfg.out_direct:
             outputs = (vd.ptr, vd.leading_stride_bytes(1))
@@ -293,6 +302,9 @@ class _Kernel:
             self.stream,
             self.arch.map_operands(self.lay, vc is not None),
             outputs,
+            staged,
+            stage,
+            (va.ptr, vb.ptr),
         )
 
 
@@ -313,8 +325,8 @@ class _Plan:
     A call with new arrays (the usual case in a model) makes only the checks that depend on
     the addresses, patches the addresses into the launch's tensor maps and launches. Those
     checks are the general path's, or stricter: every address 16-byte aligned where TMA reads
-    or writes it, an out or c written or read directly (out_direct) element-aligned (else the
-    general path decides), the operand's bytes within the 64-bit address space, and `out` apart
+    or writes it, an operand the staging kernel copies (staging.py) or an out or c written or
+    read directly (out_direct) element-aligned (else the general path decides), the operand's bytes within the 64-bit address space, and `out` apart
     from a, b and c (else the general path's exact overlap test decides, and raises or
     copies). Anything the checks do not clear goes through the general path."""
 
@@ -335,6 +347,8 @@ class _Plan:
         "last_a",
         "last_b",
         "out_align",
+        "a_align",
+        "b_align",
     )
 
     def __init__(
@@ -348,8 +362,11 @@ class _Plan:
         views: tuple,
         uses_c: bool,
         out_direct: bool,
+        staged: tuple = (None, None),
     ):
         va, vb, vo, vc = views  # vo and vc as the caller passed them (None when not given)
+        # Address bits a and b must have clear: TMA's 16 bytes, or (staged) their elements'.
+        self.a_align, self.b_align = (_MISALIGNED if op is None else v.itemsize - 1 for v, op in zip(views, staged))
         # Address bits out and c must have clear: TMA's 16 bytes, or (out_direct) their
         # elements' alignment.
         self.out_align = DTYPE_BYTES[odt] - 1 if out_direct else _MISALIGNED
@@ -363,7 +380,7 @@ class _Plan:
 
     def run(self, pa: int, pb: int, out, po: int, pc: int, explicit_stream: bool):
         """The result, or None when the addresses need the general path."""
-        if (pa | pb) & _MISALIGNED or pa > self.last_a or pb > self.last_b:
+        if pa & self.a_align or pb & self.b_align or pa > self.last_a or pb > self.last_b:
             return None
         if (self.out_given or self.c_given) and not self._out_and_c_clear(pa, pb, po, pc):
             return None
@@ -760,12 +777,15 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decisi
         if not d.copy_outputs_instead():
             raise
         kern = _Kernel(d.problem, d.cfg, dev, handle)
+    staged = _staged_operands(d, va, vb, dev, handle)
     if d.a_copy:
         _warn_copy("a", _copy_reason(va))
-        va = _copy_in(va, d.a_major, "a", dev, handle)
+        if staged[0] is None:
+            va = _copy_in(va, d.a_major, "a", dev, handle)
     if d.b_copy:
         _warn_copy("b", _copy_reason(vb))
-        vb = _copy_in(vb, d.b_major, "b", dev, handle)
+        if staged[1] is None:
+            vb = _copy_in(vb, d.b_major, "b", dev, handle)
     vc_k = vc if d.has_c else None
     if d.c_copy:
         _warn_copy("c", _copy_reason(vc))
@@ -783,19 +803,41 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decisi
                 + "; the result is copied into it",
             )
         vd = _aligned(vo.lib, m, n, 1, odt, dev, handle, "out", zero=False)
-    call = kern.launch(va, vb, vd, vc_k, alpha, beta)
+    call = kern.launch(va, vb, vd, vc_k, alpha, beta, staged)
     call()
     if vd is not vo:
         vo.lib.copy_(vo, vd, handle)
     elif (
         plan_key is not None
-        and not (d.a_copy or d.b_copy or d.c_copy)
+        and not d.c_copy
+        and (staged[0] is not None or not d.a_copy)
+        and (staged[1] is not None or not d.b_copy)
         and lib.fast
         and all(v.lib is lib for v in (va, vb, vc, vo) if v is not None)
     ):
         operands = (va, vb, vo if out_given else None, vc)
-        _remember(plan_key, _Plan(lib, call, dev, handle, out_shape, odt, operands, d.has_c, d.cfg.out_direct))
+        _remember(plan_key, _Plan(lib, call, dev, handle, out_shape, odt, operands, d.has_c, d.cfg.out_direct, staged))
     return result()
+
+
+def _staged_operands(d: _Decision, va: View, vb: View, dev: int, stream: int) -> tuple:
+    """For A and B, the staging.StagedOperand of an operand the staging kernel copies, or None:
+    not copied, or copied by its library (a layout the kernel cannot stage, or the kernel not
+    to be had: met first inside a capture, or not in the disk cache under JITGEMM_OFFLINE=1)."""
+    staged = (
+        staging.staged_operand(va, d.a_major) if d.a_copy else None,
+        staging.staged_operand(vb, d.b_major) if d.b_copy else None,
+    )
+    if staged == (None, None):
+        return staged
+    arch = d.cfg.arch
+    if not staging.is_loaded(arch, dev) and launch.stream_is_capturing(stream):
+        return None, None
+    try:
+        staging.kernel(arch, dev)
+    except kernels.OfflineError:
+        return None, None
+    return staged
 
 
 def _gemm_host(va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, explicit, config):

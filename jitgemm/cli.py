@@ -32,7 +32,20 @@ import click
 from cuda.bindings import driver
 from tqdm import tqdm
 
-from . import __version__, compiler, dispatch, envflags, heuristics, kernels, plan, registry, runtime, tuned, tuning
+from . import (
+    __version__,
+    compiler,
+    dispatch,
+    envflags,
+    heuristics,
+    kernels,
+    plan,
+    registry,
+    runtime,
+    staging,
+    tuned,
+    tuning,
+)
 from .cache import (
     DISPATCH_DIR,
     TUNING_NAMES,
@@ -495,6 +508,21 @@ def _build_one(config: KernelConfig) -> dict:
     }
 
 
+def _build_staging(arch: str) -> dict:
+    """_build_one's record for the operand staging kernel of `arch`."""
+    start = time.perf_counter()
+    try:
+        result = staging.build(arch)
+    except Exception as exc:
+        return {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "status": "hit" if result.hit else "compiled",
+        "key": result.key,
+        "seconds": round(time.perf_counter() - start, 4),
+        "cached": result.path is not None,
+    }
+
+
 def _lookup_one(cache: KernelCache, config: KernelConfig) -> dict:
     try:
         key = kernels.prepare(config).key
@@ -622,8 +650,11 @@ def precompile(
     configs_list = list(users)
     if dry_run:
         records = [_lookup_one(cache, c) for c in configs_list]
+        staging_records = {}
     else:
         records = _build_all(configs_list, jobs or os.cpu_count() or 1)
+        # Calls whose operands TMA cannot read in place stage them with this kernel.
+        staging_records = {arch: _build_staging(arch) for arch in sorted({cfg.arch for cfg in configs_list})}
     wall = time.perf_counter() - start
     for cfg, record in zip(configs_list, records):
         record.update(kernel=kernel_name(cfg), config=cfg.to_dict(), problems=[_problem_dict(p) for p in users[cfg]])
@@ -653,7 +684,8 @@ def precompile(
         "select_errors": [{"error": e, "problems": [_problem_dict(p) for p in ps]} for e, ps in select_errors.items()],
         "compiled": sum(r["status"] == "compiled" for r in records),
         "hits": sum(r["status"] == "hit" for r in records),
-        "failed": sum(r["status"] == "error" for r in records),
+        "failed": sum(r["status"] == "error" for r in [*records, *staging_records.values()]),
+        "staging": staging_records,
         "uncached": sum(r["status"] == "compiled" and not r["cached"] for r in records),
         "models": {name: [list(pair) for pair in MODELS[name].pairs] for name in models},
         "table": table,
@@ -707,6 +739,10 @@ def _print_precompile(summary: dict, device: DeviceSpec | None) -> None:
         click.echo(f"  {status:9} {timing}{key}  {r['kernel']}  {uses}")
         if r["status"] == "error" or r.get("reason"):
             click.echo("      " + (r.get("error") or r["reason"]).replace("\n", "\n      "), err=True)
+    for arch, r in summary.get("staging", {}).items():
+        click.echo(f"  {r['status']:9} operand staging kernel for {arch}")
+        if r["status"] == "error":
+            click.echo("      " + r["error"].replace("\n", "\n      "), err=True)
     for e in summary["select_errors"]:
         click.echo(
             f"error: no kernel for {len(e['problems'])} shape(s), e.g. "

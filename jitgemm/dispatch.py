@@ -117,11 +117,13 @@ def _path_for(root_setting: str, arch: str, num_sms: int) -> Path:
 
 
 def _fingerprint_sources() -> list[tuple[str, Path]]:
-    """The source files selection runs on: the heuristics package, the arch backends (rules,
-    layouts, shared memory) and the values and geometry they share."""
+    """The source files selection runs on: the heuristics package and its calibration files
+    (the rates), the arch backends (rules, layouts, shared memory) and the values and geometry
+    they share."""
     package = Path(__file__).resolve().parent
     rules_dir = Path(heuristics.__file__).resolve().parent
     found = [(f"heuristics/{p.relative_to(rules_dir)}", p) for p in rules_dir.rglob("*.py")]
+    found += [(f"heuristics/{p.relative_to(rules_dir)}", p) for p in (rules_dir / "calibration").glob("*.json")]
     if not found:
         raise RuntimeError(f"the heuristics' source files are not in {rules_dir}: no fingerprint, no table")
     found += [(f"jitgemm/{p.relative_to(package)}", p) for p in (package / "archs").rglob("*.py")]

@@ -25,44 +25,57 @@ def stream_is_capturing(stream: int) -> bool:
 
 
 class _Workspace:
-    """Split-K scratch of one (device, stream) outside graph capture: fp32 partial tiles, then
-    int tile counters.
+    """Scratch of one (device, stream) outside graph capture, in regions (`REGIONS`): split-K's
+    fp32 partial tiles and int tile counters, then the staged operands (staging.py).
 
     The counters start at zero and every launch leaves them at zero (the split that reduces a
     tile resets its counter), so launches that never overlap in time reuse the buffer without a
     memset: those of one stream here, those of one stream of one graph in _GraphWorkspaces.
     Threads sharing a stream share its workspace: `lock` is held from `ensure` until the launch
-    is queued, so a thread growing the buffer never frees one another is about to launch on.
+    (and its staging launch) is queued, so a thread growing the buffer never frees one another
+    is about to launch on, and no thread stages its operands between another's staging and GEMM.
     """
 
     def __init__(self):
         self.ptr = 0
-        self.partial_bytes = 0
-        self.counter_bytes = 0
+        self.sizes = (0,) * len(REGIONS)
         self.lock = threading.Lock()
 
-    def ensure(self, partial_bytes: int, counter_bytes: int, stream: int) -> tuple:
-        """(partials, counters) pointers of at least these sizes; grows for eager launches.
+    def ensure(self, sizes: tuple, stream: int) -> tuple:
+        """The regions' pointers, each at least its size in `sizes`; grows for eager launches.
         The caller holds `lock` until its launch is queued. Allocation and free are ordered on
         the stream (a plain cuMemAlloc would wait for the whole device: a kernel of another
         stream that waits for this one would then never see it launched)."""
-        if partial_bytes > self.partial_bytes or counter_bytes > self.counter_bytes:
+        if any(size > have for size, have in zip(sizes, self.sizes)):
             cu_stream = driver.CUstream(stream)
             if self.ptr:  # freed once the earlier launches on this stream are done with it
                 runtime.check(driver.cuMemFreeAsync(self.ptr, cu_stream), "cuMemFreeAsync")
-            partial_bytes = _round(max(partial_bytes, self.partial_bytes * 3 // 2))
-            counter_bytes = _round(max(counter_bytes, self.counter_bytes * 3 // 2))
-            self.ptr = int(
-                runtime.check(
-                    driver.cuMemAllocAsync(partial_bytes + counter_bytes, cu_stream),
-                    "cuMemAllocAsync(split-K workspace)",
-                )
+            sizes = tuple(
+                _round(max(size, have * 3 // 2)) if size > have else have for size, have in zip(sizes, self.sizes)
             )
-            runtime.check(
-                driver.cuMemsetD32Async(self.ptr + partial_bytes, 0, counter_bytes // 4, cu_stream), "cuMemsetD32Async"
-            )
-            self.partial_bytes, self.counter_bytes = partial_bytes, counter_bytes
-        return self.ptr, self.ptr + self.partial_bytes
+            self.ptr = int(runtime.check(driver.cuMemAllocAsync(sum(sizes), cu_stream), "cuMemAllocAsync(workspace)"))
+            _zero_counters(self.ptr, sizes, cu_stream)
+            self.sizes = sizes
+        return _region_pointers(self.ptr, self.sizes)
+
+
+# The workspace's regions, in order: split-K partials, split-K tile counters, staged A, staged B.
+REGIONS = ("partials", "counters", "staged_a", "staged_b")
+_COUNTERS = REGIONS.index("counters")
+
+
+def _region_pointers(ptr: int, sizes: tuple) -> tuple:
+    pointers, offset = [], ptr
+    for size in sizes:
+        pointers.append(offset)
+        offset += size
+    return tuple(pointers)
+
+
+def _zero_counters(ptr: int, sizes: tuple, cu_stream) -> None:
+    if sizes[_COUNTERS]:
+        start = _region_pointers(ptr, sizes)[_COUNTERS]
+        runtime.check(driver.cuMemsetD32Async(start, 0, sizes[_COUNTERS] // 4, cu_stream), "cuMemsetD32Async")
 
 
 def _round(nbytes: int) -> int:
@@ -87,7 +100,7 @@ def _workspace(device: int, stream: int) -> _Workspace:
 
 
 class _GraphWorkspaces:
-    """Split-K scratch of the launches captured into CUDA graphs.
+    """Scratch (split-K's, staged operands') of the launches captured into CUDA graphs.
 
     Each (capture, stream) gets its own buffers, allocated and zeroed outside the graph while it
     is captured, so a replay is the kernels alone: no allocation or memset nodes between them,
@@ -101,11 +114,12 @@ class _GraphWorkspaces:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.live: dict = {}  # (device, capture id, stream) -> [(pointer, partial bytes, counter bytes)]
+        self.live: dict = {}  # (device, capture id, stream) -> [(pointer, region sizes)]
         self.tied: list = []  # (semaphore, key) of buffers that go with their graph
         self.private_streams: dict = {}  # device -> non-blocking stream for allocations
 
-    def ensure(self, device: int, stream: int, partial_bytes: int, counter_bytes: int) -> tuple:
+    def ensure(self, device: int, stream: int, sizes: tuple) -> tuple:
+        """The regions' pointers (see _Workspace) for a launch being captured on `stream`."""
         cu_stream = driver.CUstream(stream)
         _, capture_id, graph, *_ = runtime.check(driver.cuStreamGetCaptureInfo(cu_stream), "cuStreamGetCaptureInfo")
         key = (device, int(capture_id), stream)
@@ -116,28 +130,21 @@ class _GraphWorkspaces:
                 self._tie_to_graph(graph, key)  # first: if it fails, nothing is recorded
                 buffers = self.live[key] = []
             found = buffers[-1] if buffers else None
-            if found is None or partial_bytes > found[1] or counter_bytes > found[2]:
+            if found is None or any(size > have for size, have in zip(sizes, found[1])):
                 # Earlier nodes of this graph keep the smaller buffer; both live with the graph.
-                found = self._allocate(device, _round(partial_bytes), _round(counter_bytes))
+                found = self._allocate(device, tuple(_round(size) for size in sizes))
                 buffers.append(found)
-            return found[0], found[0] + found[1]
+            return _region_pointers(*found)
 
-    def _allocate(self, device: int, partial_bytes: int, counter_bytes: int) -> tuple:
-        """(pointer, partial bytes, counter bytes), counters zeroed, on the private stream: a
-        stream-ordered allocation there neither joins the capture nor synchronises the device."""
+    def _allocate(self, device: int, sizes: tuple) -> tuple:
+        """(pointer, region sizes), counters zeroed, on the private stream: a stream-ordered
+        allocation there neither joins the capture nor synchronises the device."""
         with _relaxed_capture_mode():
             private = driver.CUstream(self._private_stream(device))
-            ptr = int(
-                runtime.check(
-                    driver.cuMemAllocAsync(partial_bytes + counter_bytes, private),
-                    "cuMemAllocAsync(split-K graph workspace)",
-                )
-            )
-            runtime.check(
-                driver.cuMemsetD32Async(ptr + partial_bytes, 0, counter_bytes // 4, private), "cuMemsetD32Async"
-            )
+            ptr = int(runtime.check(driver.cuMemAllocAsync(sum(sizes), private), "cuMemAllocAsync(graph workspace)"))
+            _zero_counters(ptr, sizes, private)
             runtime.check(driver.cuStreamSynchronize(private), "cuStreamSynchronize")
-        return ptr, partial_bytes, counter_bytes
+        return ptr, sizes
 
     def _private_stream(self, device: int) -> int:
         if device not in self.private_streams:
@@ -322,6 +329,10 @@ class KernelLaunch:
         "params",
         "address",
         "config",
+        "stage",
+        "sources",
+        "staged_maps",
+        "staged_bytes",
     )
 
     def __init__(
@@ -338,11 +349,17 @@ class KernelLaunch:
         stream: int,
         roles: tuple = (),
         outputs: tuple = (),
+        staged: tuple = (None, None),
+        stage=None,
+        sources: tuple = (0, 0),
     ):
         """`tiles`: the CTA tiles of one K split (the split-K workspace holds a partial of each).
         `roles`: for each map, the index of the operand it addresses in `repoint`'s arguments
-        (a, b, d, c); needed only by `repoint`. `outputs`: under cfg.out_direct, D's address
-        and row stride in bytes, then C's (with C), the kernel's last parameters."""
+        (a, b, d, c). `outputs`: under cfg.out_direct, D's address and row stride in bytes,
+        then C's (with C), the kernel's last parameters. `staged`: for A and B, the
+        staging.StagedOperand of an operand staged into the workspace by `stage` (its
+        staging.StageLaunch) before each launch, or None; `sources`: the staged operands'
+        addresses (`repoint` changes them), whose maps point into the workspace instead."""
         self.kernel, self.cfg = kernel, cfg
         self.grid, self.tiles, self.device, self.stream = grid, tiles, device, stream
         self.ctx = context.primary(device)
@@ -361,7 +378,11 @@ class KernelLaunch:
         if [int(t.getPtr()) for t in self.maps] != addresses:
             raise RuntimeError("cuda.bindings' CUtensorMap(_ptr=...) did not wrap jitgemm's descriptor storage")
         self.roles = tuple(roles)
-        self.words_of_roles = tuple((i * _WORDS_PER_MAP, role) for i, role in enumerate(self.roles))
+        self.stage, self.sources = stage, list(sources)
+        self.staged_bytes = tuple(0 if op is None else op.nbytes for op in staged)
+        is_staged = [role < 2 and staged[role] is not None for role in self.roles]
+        self.words_of_roles = tuple((i * _WORDS_PER_MAP, role) for i, role in enumerate(self.roles) if not is_staged[i])
+        self.staged_maps = tuple((i, role) for i, role in enumerate(self.roles) if is_staged[i])
         # Whether repoint may write the addresses itself; asked of the driver now, in the
         # device's context (the caller's), once per launch.
         self.direct = bool(self.roles) and _address_is_first_word(self.words, self.maps)
@@ -392,6 +413,8 @@ class KernelLaunch:
         Without direct writes this calls the driver: the device's context must be current
         (`launch_at` makes it so)."""
         operands = (a, b, d, c)
+        if self.staged_maps:
+            self.sources[:] = (a, b)
         if self.outputs is not None:  # under out_direct D and C are plain pointers
             self.outputs[0] = d
             if len(self.outputs) > 2:
@@ -422,25 +445,44 @@ class KernelLaunch:
                 self._dispatch()
 
     def _dispatch(self) -> None:
-        if self.pointers is None:
+        if self.pointers is None and self.stage is None:
             self._launch()
         elif stream_is_capturing(self.stream):
-            self.pointers[:] = _graph_workspaces.ensure(self.device, self.stream, *self.workspace_bytes())
-            self._launch()
+            self._launch_with(_graph_workspaces.ensure(self.device, self.stream, self.workspace_bytes()))
         else:
             ws = _workspace(self.device, self.stream)
-            with ws.lock:  # until the launch is queued: no other thread may grow the buffer
-                self.pointers[:] = ws.ensure(*self.workspace_bytes(), self.stream)
-                self._launch()
+            with ws.lock:  # until the launches are queued: no other thread may grow or restage it
+                self._launch_with(ws.ensure(self.workspace_bytes(), self.stream))
+
+    def _launch_with(self, regions: tuple) -> None:
+        """Launch with the workspace's `regions` (REGIONS' pointers): the staging first."""
+        partials, counters, staged_a, staged_b = regions
+        if self.pointers is not None:
+            self.pointers[:] = (partials, counters)
+        if self.stage is not None:
+            staged = (staged_a, staged_b)
+            for i, role in self.staged_maps:
+                if self.direct:
+                    self.words[i * _WORDS_PER_MAP] = staged[role]
+                else:
+                    _replace_address(self.maps[i], staged[role])
+            src_a, src_b = (address if nbytes else 0 for address, nbytes in zip(self.sources, self.staged_bytes))
+            self.stage.launch(src_a, staged_a, src_b, staged_b)
+        self._launch()
 
     def workspace_bytes(self) -> tuple:
-        """(partial bytes, counter bytes) of a split-K launch: an fp32 partial tile per split (whichever
-        split finishes last reduces a tile), and two counters per tile and math warpgroup."""
+        """The sizes of the workspace's REGIONS this launch needs. Split-K: an fp32 partial
+        tile per split (whichever split finishes last reduces a tile), and two counters per
+        tile and math warpgroup."""
         cfg, tiles = self.cfg, self.tiles
-        return (
-            _round(tiles * self.splits.value * cfg.block_m * cfg.block_n * 4),
-            _round(tiles * cfg.num_consumers * 8),
-        )
+        if self.pointers is None:
+            split_k = (0, 0)
+        else:
+            split_k = (
+                _round(tiles * self.splits.value * cfg.block_m * cfg.block_n * 4),
+                _round(tiles * cfg.num_consumers * 8),
+            )
+        return split_k + tuple(_round(nbytes) for nbytes in self.staged_bytes)
 
     def _launch(self) -> None:
         err = driver.cuLaunchKernelEx(self.config, self.kernel.function, self.address, 0)[0]

@@ -680,7 +680,9 @@ def test_console_script_end_to_end(tmp_cache, tmp_path):
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     listing = json.loads(run("cache", "list", "--json").stdout)
-    assert [e["key"] for e in listing["entries"]] == [r["key"] for r in summary["kernels"]]
+    built = [r["key"] for r in summary["kernels"]] + [r["key"] for r in summary["staging"].values()]
+    assert sorted(e["key"] for e in listing["entries"]) == sorted(built)
+    assert list(summary["staging"]) == ["sm_90a"] and summary["staging"]["sm_90a"]["status"] == "compiled"
     assert run("cache", "verify").returncode == 0
     assert run("--version").stdout.strip().endswith(__import__("jitgemm").__version__)
 

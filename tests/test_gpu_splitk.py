@@ -57,9 +57,11 @@ def _counters(stream: int) -> list:
     from cuda.bindings import driver
 
     ws = launch._workspace(0, stream)
-    host = np.empty(ws.counter_bytes // 4, np.int32)
+    counters = launch.REGIONS.index("counters")
+    nbytes, start = ws.sizes[counters], launch._region_pointers(ws.ptr, ws.sizes)[counters]
+    host = np.empty(nbytes // 4, np.int32)
     runtime.check(driver.cuStreamSynchronize(driver.CUstream(stream)), "cuStreamSynchronize")
-    runtime.check(driver.cuMemcpyDtoH(host.ctypes.data, ws.ptr + ws.partial_bytes, ws.counter_bytes), "cuMemcpyDtoH")
+    runtime.check(driver.cuMemcpyDtoH(host.ctypes.data, start, nbytes), "cuMemcpyDtoH")
     return host
 
 

@@ -104,7 +104,7 @@ def test_graph_workspaces_free_only_released_buffers_of_the_current_device(monke
     for name, key in graphs.items():
         sem = launch._Semaphore.create()
         ws.tied.append((sem, key))
-        ws.live[key] = [(1000 + key[1], 256, 256), (2000 + key[1], 512, 256)]
+        ws.live[key] = [(1000 + key[1], (256, 256, 0, 0)), (2000 + key[1], (512, 256, 0, 0))]
         if name.startswith("gone"):
             post(sem.address)  # CUDA's destructor callback
     ws._free_released(0)

@@ -16,7 +16,7 @@ import pytest
 from cuda.bindings import driver
 
 import jitgemm
-from jitgemm import api, context, kernels, launch, registry, runtime
+from jitgemm import api, context, kernels, launch, registry, runtime, staging
 from jitgemm.arrays import View, libraries
 from jitgemm.arrays.views import ITEMSIZE, checked_view
 from jitgemm.heuristics import DeviceSpec
@@ -115,6 +115,18 @@ class Driver:
         self.launches.append((call, [w[self.address_word] for w in words]))
 
 
+class FakeWorkspace:
+    """A stream's workspace at a fixed address, its regions as launch.py lays them out."""
+
+    BASE = 1 << 44
+
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def ensure(self, sizes, stream):
+        return launch._region_pointers(self.BASE, tuple(launch._round(size) for size in sizes))
+
+
 @pytest.fixture
 def fake(monkeypatch):
     monkeypatch.setenv("JITGEMM_TUNED", "0")
@@ -132,6 +144,13 @@ def fake(monkeypatch):
         return kernel, registry.get(cfg.arch).layout_of(cfg)
 
     monkeypatch.setattr(kernels, "get", get)
+    stage_kernel = runtime.LoadedKernel(None, None, "fake_stage", 0, 256, 1, True)
+    monkeypatch.setattr(staging, "kernel", lambda arch, ordinal: stage_kernel)
+    monkeypatch.setattr(staging, "is_loaded", lambda arch, ordinal: True)
+    lib.stages = []  # (src_a, dst_a, src_b, dst_b) of each staging launch
+    monkeypatch.setattr(staging.StageLaunch, "launch", lambda self, *addresses: lib.stages.append(addresses))
+    workspace = FakeWorkspace()
+    monkeypatch.setattr(launch, "_workspace", lambda device, stream: workspace)
     monkeypatch.setattr(api, "_plans", {})
     general = []
     real = api._gemm
@@ -280,7 +299,10 @@ def test_partial_overlap_of_out_and_c_after_a_plan(fake):
         jitgemm.gemm(a, b, buf.window(8, (M, N), (N + 8, 1)), c=buf.window(0, (M, N), (N + 8, 1)))
 
 
-def test_misaligned_arrays_take_the_general_path_and_are_copied(fake):
+def test_misaligned_operands_are_staged_and_keep_a_plan(fake):
+    """An operand TMA cannot read in place is staged by the copy kernel into the workspace (no
+    library copy, no allocation); the GEMM's map reads the workspace, and new arrays of the
+    same misalignment take the lean path, which patches the staging launch's source."""
     a, b = FakeTensor((M, K)), FakeTensor((K, N))
     jitgemm.gemm(a, b)
     shifted = FakeTensor((M, K), ptr=FakeTensor((M, K + 8)).ptr + 8)
@@ -288,11 +310,37 @@ def test_misaligned_arrays_take_the_general_path_and_are_copied(fake):
         warnings.simplefilter("always")
         jitgemm.gemm(shifted, b)
     assert len(fake.general) == 2
-    assert any(op[0] == "copy" and op[2] == shifted.ptr for op in fake.ops)
+    assert not [op for op in fake.ops if op[0] in ("copy", "empty") and op[1] != (M, N)]
     assert any(issubclass(w.category, jitgemm.FallbackCopyWarning) for w in caught) or "a" in api._warned
-    # the plan is still there for aligned arrays
+    staged_a = launch._region_pointers(FakeWorkspace.BASE, (0, 0, 0, 0))[2]
+    assert fake.stages[-1] == (shifted.ptr, staged_a, 0, FakeWorkspace.BASE + launch._round(M * K * 2))
+    _, addresses = fake.driver.launches[-1]
+    assert addresses[:2] == [staged_a, b.ptr]
+    again = FakeTensor((M, K), ptr=FakeTensor((M, K + 8)).ptr + 24)
+    jitgemm.gemm(again, b)
+    assert len(fake.general) == 2 and fake.stages[-1][0] == again.ptr
+    assert fake.driver.launches[-1][1][:2] == [staged_a, b.ptr]
+    # the plan of aligned arrays is still there
     jitgemm.gemm(FakeTensor((M, K)), b)
-    assert len(fake.general) == 2
+    assert len(fake.general) == 2 and len(fake.stages) == 2
+
+
+def test_operands_are_copied_by_their_library_where_the_staging_kernel_cannot_be_had(fake, monkeypatch):
+    """Under JITGEMM_OFFLINE=1 without the staging kernel in the cache, a misaligned operand is
+    copied as before staging, and such calls keep no plan."""
+
+    def offline(arch, ordinal):
+        raise kernels.OfflineError("not in the cache")
+
+    monkeypatch.setattr(staging, "kernel", offline)
+    b = FakeTensor((K, N))
+    for offset in (8, 24):
+        shifted = FakeTensor((M, K), ptr=FakeTensor((M, K + 8)).ptr + offset)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            jitgemm.gemm(shifted, b)
+        assert any(op[0] == "copy" and op[2] == shifted.ptr for op in fake.ops)
+    assert len(fake.general) == 2 and not fake.stages
 
 
 @pytest.mark.parametrize("bad, exc", [(dict(alpha=True), TypeError), (dict(beta=True), TypeError)])

@@ -1,0 +1,147 @@
+"""Operands TMA cannot read in place, staged: one small kernel per call copies A and B (either or
+both) into rows of whole 16-byte units in the launch's workspace (reused across calls on a
+stream, and owned by the graph in a capture; see launch.py), and the GEMM's tensor maps point
+there. No allocation and no descriptor encoding per call: a call seen before patches the
+operands' addresses into the staging launch as it does into the GEMM's maps.
+
+Operands that the kernel cannot stage (an N-D array whose rows do not fold into one stride, a
+base address that is not element-aligned) are copied by their library as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass, replace
+from importlib import resources
+
+from . import compiler, context, kernels, runtime
+from .arrays import TMA_ALIGN, View
+from .cache import CacheResult
+
+KERNEL_NAME = "jitgemm_stage_operands"
+THREADS = 256  # the kernel's __launch_bounds__
+ITEMSIZE = 2  # the kernel copies 16-bit elements
+UNIT_ELEMENTS = TMA_ALIGN // ITEMSIZE
+MAX_GRID_Y = 65535
+BLOCKS_PER_OPERAND = 2048  # about 2 waves of the kernel's blocks on an H200: rows loop in a block
+# Where a staged operand's tensor map points until a launch gives it its workspace region.
+PLACEHOLDER_ADDRESS = 1 << 40
+
+
+@dataclass(frozen=True)
+class StagedOperand:
+    """How one operand is staged: `outer` rows of `inner` elements with dimension `major` of the
+    view innermost, element (o, i) at o * src_outer + i * src_inner of the caller's array,
+    into rows of `pitch` elements (whole 16-byte units)."""
+
+    major: int  # the view's dimension that is innermost in the staged rows
+    outer: int
+    inner: int
+    src_outer: int
+    src_inner: int
+    pitch: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.outer * self.pitch * ITEMSIZE
+
+    def kernel_view(self, view: View) -> View:
+        """The staged rows as the GEMM reads them: `view`'s shape, rows of `pitch`, at
+        PLACEHOLDER_ADDRESS (its launch points its maps at the workspace)."""
+        strides = (self.pitch, 1) if self.major == 1 else (1, self.pitch)
+        return replace(view, array=None, ptr=PLACEHOLDER_ADDRESS, strides=strides, nd=None, keepalive=None)
+
+
+def staged_operand(view: View, major: int) -> StagedOperand | None:
+    """How `view` is staged with dimension `major` innermost, or None when the kernel cannot
+    stage it (rows that do not fold into one stride, a base that is not element-aligned)."""
+    if view.strides is None or view.itemsize != ITEMSIZE or view.ptr % ITEMSIZE:
+        return None
+    inner, outer = view.shape[major], view.shape[1 - major]
+    pitch = -(-inner // UNIT_ELEMENTS) * UNIT_ELEMENTS
+    return StagedOperand(major, outer, inner, view.strides[1 - major], view.strides[major], pitch)
+
+
+class _StageCopy(ctypes.Structure):
+    """The kernel's StageCopy (its parameter is a StageCopies: one for A, one for B)."""
+
+    _fields_ = [
+        ("src", ctypes.c_uint64),
+        ("dst", ctypes.c_uint64),
+        ("outer", ctypes.c_longlong),
+        ("inner", ctypes.c_longlong),
+        ("src_outer", ctypes.c_longlong),
+        ("src_inner", ctypes.c_longlong),
+        ("pitch_units", ctypes.c_longlong),
+    ]
+
+
+class StageLaunch:
+    """The staging launch of one GEMM launch, parameters packed once: `launch(src_a, dst_a,
+    src_b, dst_b)` fills in the addresses (0 for an operand that is not staged) and queues it on
+    the GEMM's stream, before the GEMM. The caller holds the workspace's lock."""
+
+    __slots__ = ("kernel", "copies", "params", "address", "config")
+
+    def __init__(self, kernel: runtime.LoadedKernel, staged: tuple, stream: int):
+        self.kernel = kernel
+        self.copies = (_StageCopy * 2)()
+        for copy, op in zip(self.copies, staged):
+            if op is not None:
+                copy.outer, copy.inner, copy.src_outer, copy.src_inner = op.outer, op.inner, op.src_outer, op.src_inner
+                copy.pitch_units = op.pitch // UNIT_ELEMENTS
+        widest = max(copy.pitch_units for copy in self.copies)
+        tallest = max(copy.outer for copy in self.copies)
+        self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.copies))
+        self.address = ctypes.addressof(self.params)
+        # the units of a row over x, rows over y, the operand over z
+        across = -(-widest // THREADS)
+        down = min(tallest, MAX_GRID_Y, max(1, BLOCKS_PER_OPERAND // across))
+        self.config = runtime.launch_config(kernel, (across, down, 2), stream)
+
+    def launch(self, src_a: int, dst_a: int, src_b: int, dst_b: int) -> None:
+        a, b = self.copies
+        a.src, a.dst, b.src, b.dst = src_a, dst_a, src_b, dst_b
+        err = runtime.driver.cuLaunchKernelEx(self.config, self.kernel.function, self.address, 0)[0]
+        if err != runtime.driver.CUresult.CUDA_SUCCESS:
+            runtime.check((err,), f"cuLaunchKernelEx({KERNEL_NAME})")
+
+
+_loaded: dict = {}  # (arch, device ordinal) -> LoadedKernel
+_lock = threading.Lock()
+
+
+def is_loaded(arch: str, ordinal: int) -> bool:
+    return (arch, ordinal) in _loaded
+
+
+def kernel(arch: str, ordinal: int) -> runtime.LoadedKernel:
+    """The staging kernel for `arch`, loaded on device `ordinal`: compiled or read from the disk
+    cache once (OfflineError under JITGEMM_OFFLINE=1 when it is not there)."""
+    key = (arch, ordinal)
+    found = _loaded.get(key)
+    if found is not None:
+        return found
+    with _lock:
+        found = _loaded.get(key)
+        if found is None:
+            cubin = build(arch).cubin
+            context.make_current(ordinal)
+            found = _loaded[key] = runtime.load_kernel(cubin, KERNEL_NAME, 0, THREADS, 1, True)
+    return found
+
+
+def build(arch: str) -> CacheResult:
+    """The staging kernel for `arch`, from the disk cache or compiled (needs no GPU; `jitgemm
+    precompile` builds it with the GEMMs)."""
+    source = resources.files("jitgemm.templates").joinpath("common/stage_operands.cuh").read_text()
+    return kernels.default_cache().get_or_compile(
+        source,
+        arch,
+        compiler.options_for(arch),
+        compiler.nvrtc_version(),
+        {"kernel": KERNEL_NAME},
+        lambda path: compiler.compile_cubin(source, arch, name=f"{KERNEL_NAME}.cu", source_path=path and str(path)),
+        offline_hint="  the operand staging kernel: `jitgemm precompile` builds it with the GEMMs",
+    )

@@ -1,0 +1,88 @@
+"""CPU tests of the operand staging (jitgemm/staging.py): how each layout is staged, and the
+kernel as NVRTC compiles it (its one parameter is the launch's packed A and B copies; no
+spills) for both archs."""
+
+import ctypes
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from jitgemm import compiler, staging
+from jitgemm.arrays import View
+from jitgemm.sass import find_tool, inspect_cubin
+
+needs_cuobjdump = pytest.mark.skipif(find_tool("cuobjdump") is None, reason="needs cuobjdump (nvidia wheels)")
+
+
+def view(shape, strides, ptr=1 << 20):
+    return View(None, None, ptr, shape, strides, "bf16", 2, 0)
+
+
+@pytest.mark.parametrize(
+    "shape, strides, major, expected",
+    [
+        # row-major, K = 1001 odd: rows of 1001 elements into rows of 1008
+        ((300, 1001), (1001, 1), 1, (1, 300, 1001, 1001, 1, 1008)),
+        # a transposed view read M-major: 1001 rows of M = 257 elements, padded to 264
+        ((257, 1001), (1, 257), 0, (0, 1001, 257, 257, 1, 264)),
+        # no unit stride: gathered element by element, rows of the kernel's major
+        ((64, 40), (80, 2), 1, (1, 64, 40, 80, 2, 40)),
+        # a single row: its stride is never used
+        ((1, 9), (9, 1), 1, (1, 1, 9, 9, 1, 16)),
+    ],
+)
+def test_each_layout_is_staged_along_the_major_the_kernel_reads(shape, strides, major, expected):
+    op = staging.staged_operand(view(shape, strides), major)
+    assert (op.major, op.outer, op.inner, op.src_outer, op.src_inner, op.pitch) == expected
+    assert op.pitch * 2 % 16 == 0 and op.nbytes == op.outer * op.pitch * 2
+    staged = op.kernel_view(view(shape, strides))
+    # what TMA needs of the staged rows (their padding is written as zeros)
+    assert staged.ptr % 16 == 0 and staged.shape == shape and staged.leading_stride_bytes(major) % 16 == 0
+
+
+def test_what_the_kernel_cannot_stage_is_left_to_the_library():
+    assert staging.staged_operand(view((64, 40), (40, 1), ptr=(1 << 20) + 1), 1) is None  # not element-aligned
+    assert staging.staged_operand(View(None, None, 1 << 20, (64, 40), None, "bf16", 2, 0), 1) is None  # N-D, unfolded
+
+
+def _kernel_params(cubin: bytes) -> list:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "stage.cubin"
+        path.write_bytes(cubin)
+        elf = subprocess.run([find_tool("cuobjdump"), "-elf", str(path)], capture_output=True, text=True, check=True)
+    fields = r"Index : 0x[0-9a-f]+\s+Ordinal : (0x[0-9a-f]+)\s+Offset\s+: (0x[0-9a-f]+)\s+Size\s+: (0x[0-9a-f]+)"
+    found = re.findall(r"EIATTR_KPARAM_INFO\s+Format:\s+\S+\s+Value:\s+" + fields, elf.stdout)
+    return sorted((int(o, 16), int(off, 16), int(size, 16)) for o, off, size in found)
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_the_kernel_takes_the_packed_copies_and_does_not_spill(arch):
+    source = (Path(staging.__file__).parent.parent / "templates/common/stage_operands.cuh").read_text()
+    cubin = compiler.compile_cubin(source, arch, name="stage.cu").cubin
+    copies = (staging._StageCopy * 2)()
+    assert _kernel_params(cubin) == [(0, 0, ctypes.sizeof(copies))]
+    report = inspect_cubin(cubin)
+    assert not report.spills
+    # 16-byte stores of the staged units, 16-byte loads of the aligned source units
+    assert "STG.E.128" in report.sass and "LDG.E.128" in report.sass
+
+
+def test_the_launch_packs_one_parameter_and_covers_every_row_and_unit():
+    from jitgemm import runtime
+
+    kernel = runtime.LoadedKernel(None, None, staging.KERNEL_NAME, 0, staging.THREADS, 1, True)
+    a = staging.staged_operand(view((100_000, 1001), (1001, 1)), 1)
+    b = staging.staged_operand(view((1001, 257), (1, 1001)), 0)
+    launch = staging.StageLaunch(kernel, (a, b), 7)
+    assert len(launch.params) == 1 and launch.params[0] == ctypes.addressof(launch.copies)
+    packed = [(c.outer, c.inner, c.src_outer, c.src_inner, c.pitch_units) for c in launch.copies]
+    assert packed == [(100_000, 1001, 1001, 1, 126), (257, 1001, 1001, 1, 126)]
+    cfg = launch.config
+    assert cfg.blockDimX == staging.THREADS and cfg.gridDimZ == 2
+    assert cfg.gridDimX * staging.THREADS >= 126 and 1 <= cfg.gridDimY <= min(100_000, staging.MAX_GRID_Y)
+    launch_a_only = staging.StageLaunch(kernel, (a, None), 7)
+    assert launch_a_only.copies[1].outer == 0  # B's blocks have no rows
