@@ -13,11 +13,11 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass, replace
-from importlib import resources
 
 from . import compiler, context, kernels, runtime
 from .arrays import TMA_ALIGN, View
-from .cache import CacheResult
+from .cache import CacheResult, cache_key
+from .render import TEMPLATES
 
 KERNEL_NAME = "jitgemm_stage_operands"
 THREADS = 256  # the kernel's __launch_bounds__
@@ -135,11 +135,18 @@ def kernel(arch: str, ordinal: int) -> runtime.LoadedKernel:
 def build(arch: str) -> CacheResult:
     """The staging kernel for `arch`, from the disk cache or compiled (needs no GPU; `jitgemm
     precompile` builds it with the GEMMs)."""
-    source = resources.files("jitgemm.templates").joinpath("common/stage_operands.cuh").read_text()
-    return kernels.default_cache().get_or_compile(
+    source = (TEMPLATES / "common/stage_operands.cuh").read_text()
+    cache, options = kernels.default_cache(), compiler.options_for(arch)
+    # Found with the NVRTC version the cache remembers for this process's library, without
+    # loading NVRTC (kernels.lookup_nvrtc_version); one to compile is keyed with the loaded one's.
+    key = cache_key(source, options, arch, kernels.lookup_nvrtc_version(cache))
+    found = cache.lookup(key)
+    if found.status == "hit":
+        return CacheResult(found.cubin, key, True, 0.0, cache.entry_dir(key))
+    return cache.get_or_compile(
         source,
         arch,
-        compiler.options_for(arch),
+        options,
         compiler.nvrtc_version(),
         {"kernel": KERNEL_NAME},
         lambda path: compiler.compile_cubin(source, arch, name=f"{KERNEL_NAME}.cu", source_path=path and str(path)),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from child_process import child_pythonpath
 
-from jitgemm import compiler, kernels
+from jitgemm import compiler, kernels, staging
 from jitgemm.cache import INDEX_DIR, NVRTC_FILE, KernelCache, index_name
 from jitgemm.config import KernelConfig
 
@@ -103,6 +103,29 @@ def test_a_fresh_process_finds_the_kernel_without_loading_nvrtc(warm):
     memo.unlink()
     assert _fresh_build(root) == dict(found, loaded=True)  # asks NVRTC, and remembers its answer
     assert _fresh_build(root) == found
+
+
+STAGING_CHILD = r"""
+import json
+from jitgemm import staging
+built = staging.build("sm_90a")
+with open("/proc/self/maps") as maps:
+    loaded = any("libnvrtc" in line for line in maps)
+print(json.dumps({"hit": built.hit, "key": built.key, "loaded": loaded}))
+"""
+
+
+def test_a_fresh_process_finds_the_staging_kernel_without_loading_nvrtc(warm, monkeypatch):
+    if _fresh_prediction()[0] is None:
+        pytest.skip(NOT_PREDICTED)
+    root, _ = warm  # the memo of the NVRTC version is there
+    monkeypatch.setenv("JITGEMM_CACHE_DIR", str(root))
+    built = staging.build("sm_90a")
+    env = dict(os.environ, PYTHONPATH=child_pythonpath())
+    out = subprocess.run(
+        [sys.executable, "-c", STAGING_CHILD], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"hit": True, "key": built.key, "loaded": False}
 
 
 def _other_config_entry(root: Path) -> str:
