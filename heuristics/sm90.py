@@ -26,13 +26,23 @@ round trips of its read-back, serial after the main loop) and the epilogue (the 
 overlaps neither with the main loop); the whole never below the time to stream the operands (and the workspace) from DRAM
 once; plus a fixed cost per launch, more for a split-K launch.
 Rates: device.ArchRates; their calibration against H200 measurements: heuristics/RATES.md.
+
+How `select` gets there fast (the same choices as costing every candidate afresh, `_search`):
+the layouts of each kind of problem (dtypes, majors, C) are screened once (`_layouts`); what N
+makes of them once per N (`_by_n`); what depends on M only through its m block counts (the
+candidates the rules let through, and the terms of the model that count work units and waves,
+`_wave_terms`) once per M grain of 64 rows (`_skeleton`), so that a new M of a seen grain costs
+only what the bytes it moves change (`_byte_terms`, a few dozen NumPy operations); and a span of
+M whose every problem chooses the same candidate, as bounds at its ends prove (`_span_choice`:
+every cost grows with M in a grain), gives that choice without costing from its second problem
+on (the second pays for the proof).
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -48,7 +58,7 @@ from jitgemm.archs.sm90.layout import (
     structural_problems,
 )
 from jitgemm.config import K_BLOCK_BYTES, KernelConfig
-from jitgemm.geometry import Waves, ceil_div, choose_raster, covered_extent, kernel_shape, waves_of
+from jitgemm.geometry import Waves, ceil_div, choose_raster, covered_extent, kernel_shape
 from jitgemm.problem import DTYPE_BYTES, Problem
 
 from . import rules
@@ -56,16 +66,14 @@ from .cost import (
     Traffic,
     dram_latency_clk,
     dram_run_efficiency,
-    dram_stream_clk,
     epilogue_clk,
     mma_rate,
     output_bytes,
-    persistent_time,
     slowest,
     tile_flops,
     tma_latency_clk,
 )
-from .device import DeviceSpec, arch_rates
+from .device import ArchRates, DeviceSpec, arch_rates
 from .rules import MIN_STAGES, config_problems, with_fields
 from .search import Candidate, Rejection, describe_layout, explanation, report_terms, screen
 
@@ -263,16 +271,6 @@ def _multicast_is_single_wave(problem: Problem, device: DeviceSpec, block_m, blo
     return ~exempt & (num_m * ceil_div(problem.n, block_n) * splits <= device.num_sms)
 
 
-def _single_wave_splits(problem: Problem, device: DeviceSpec, block_m, num_m, tiles, shares_a):
-    """Up to how many splits `single_wave_rule` removes a pair sharing A (else B) of `tiles`
-    tiles in `num_m` m blocks: the rule applies at split s exactly when s <= this (0: never).
-    Pairs run only on an even SM count (`_pre_rule`), where a wave of pairs is within the grid
-    whenever it is within the SM count, so whether the rule's exception applies does not
-    depend on the split (elementwise over arrays)."""
-    exempt = np.where(shares_a, _wide_wave_tiles(problem, block_m, num_m), num_m == 2)
-    return np.where(exempt, 0, device.num_sms // tiles)
-
-
 def single_wave_rule(
     problem: Problem, device: DeviceSpec, block_m: int, block_n: int, splits: int, multicast: str
 ) -> str | None:
@@ -299,7 +297,7 @@ def _split_count(units, k_blocks: int, split_slots):
     units per split over `k_blocks` K blocks, on a grid of `split_slots` cluster slots (0 for
     a tile whose accumulators leave no room for split-K; elementwise over arrays)."""
     most = np.minimum(k_blocks // MIN_KB_PER_SPLIT, split_slots // units)
-    return np.maximum(1, np.searchsorted(SPLIT_VALUES, most, side="right"))
+    return np.maximum(1, SPLIT_VALUES.searchsorted(most, side="right"))
 
 
 def _split_slots(device: DeviceSpec, cluster, acc):
@@ -361,11 +359,19 @@ def partial_rows(m: int, block_m: int, num_consumers: int) -> int:
     return total
 
 
+@functools.cache
+def _last_partial_rows(rest: int, block_m: int) -> int:
+    """`partial_rows` of the last m block, of `rest` rows (partial_rows(m) is m - rest plus this)."""
+    return partial_rows(rest, block_m, num_consumers_for(block_m))
+
+
 # ----------------------------------------------------------------------------- cost model
 #
 # The model costs many candidates at once: `Tiles` holds tile layouts as columns (one element
 # per candidate), `_Tiling` what tiling the problem with each of them counts, and every term
-# below is elementwise over them.
+# below is elementwise over them. Every expression keeps the order of its operations as the
+# model was written (floats round alike: the choices and the reported costs are the same to
+# the bit); where one is rearranged, the comment says why it rounds alike.
 
 
 MULTICASTS = ("A", "B", "none")  # in the order of their names (the ranking's tie-break)
@@ -399,6 +405,8 @@ class Tiles:
         "latency_clk",  # the TMA round trip over the pipeline depth
         "dram_latency_clk",  # the loaded DRAM round trip over the stages in flight
         "epilogue_clk",  # per unit
+        "fixed_clk",  # the larger of smem_clk and latency_clk
+        "cluster_per_kb",  # cluster_size / K_BLOCK_BYTES (see `costs`)
     )
     origin: np.ndarray
     split_k: np.ndarray
@@ -419,6 +427,8 @@ class Tiles:
     latency_clk: np.ndarray
     dram_latency_clk: np.ndarray
     epilogue_clk: np.ndarray
+    fixed_clk: np.ndarray
+    cluster_per_kb: np.ndarray
 
     def __init__(self, configs: tuple, ints: np.ndarray, times: np.ndarray):
         self.configs = configs  # the configs the rows were made from (split_k 1)
@@ -477,11 +487,14 @@ def _times(cfg: KernelConfig, lay: KernelLayout) -> tuple:
     a_reads = 2 if cfg.b_tail else 1
     smem = lay.a.tile_bytes + lay.b.tile_bytes + (a_reads * cfg.block_m + cfg.block_n) * K_BLOCK_BYTES
     out_bytes = cfg.block_m * cfg.block_n * DTYPE_BYTES[cfg.out_dtype]
+    smem_clk, latency_clk = smem / RATES.smem_bytes_per_clk, tma_latency_clk(RATES, cfg.num_stages)
     return (
-        smem / RATES.smem_bytes_per_clk,
-        tma_latency_clk(RATES, cfg.num_stages),
+        smem_clk,
+        latency_clk,
         dram_latency_clk(RATES, cfg.num_stages),
         epilogue_clk(RATES, out_bytes, cfg.has_c, EPILOGUE_FIXED_CLK, C_LOAD_LATENCY_CLK),
+        max(smem_clk, latency_clk),
+        cfg.cluster_size / K_BLOCK_BYTES,
     )
 
 
@@ -498,23 +511,36 @@ def b_box_of(cfg: KernelConfig) -> int:
     return _b_box(cfg, layout_of(cfg))
 
 
-@dataclass(frozen=True)
-class _Tiling:
+class _Tiling(NamedTuple):
     """What tiling the problem with each layout of a `Tiles` counts, whatever the split
-    (elementwise): blocks, cluster units, the rows and columns read (see `traffic`), and the
+    (elementwise): blocks, cluster units, the rows and columns read (see `traffic`), the
     operand rows streamed from DRAM, each operand weighted by the DRAM efficiency of its runs
-    (see dram_runs; a scalar where every run is alike)."""
+    (see dram_runs); and, where counted for a device, its slots for the clusters."""
 
     num_m: Any
     num_n: Any
+    tiles: Any  # num_m * num_n
     units: Any  # cluster units (tiles, or pairs of tiles) of one split
     l2_reads: Any  # rows + columns read out of L2, all CTAs together
     lands: Any  # ... landing in shared memory (a shared tile in both CTAs of its pair)
     covered_b: Any  # columns of B the boxes of all column blocks cover
     dram_rows: Any
+    slots: np.ndarray | None = None  # clusters the persistent grid runs at once (`_slots`)
+    wave_slots: np.ndarray | None = None  # CTAs of a wave of clusters (`_slots`)
+    wide: np.ndarray | None = None  # `_wide_wave_tiles` of each layout
 
     def take(self, rows: np.ndarray) -> _Tiling:
-        return _Tiling(*(v[rows] if np.ndim(v) else v for v in vars(self).values()))
+        """These rows (an index array)."""
+        if self.lands is None:  # (not counted)
+            num_m, num_n, tiles, units = np.array((self.num_m, self.num_n, self.tiles, self.units))[:, rows]
+            l2_reads = lands = dram_rows = None
+        else:
+            ints = (self.num_m, self.num_n, self.tiles, self.units, self.l2_reads, self.lands)
+            num_m, num_n, tiles, units, l2_reads, lands = np.array(ints)[:, rows]
+            dram_rows = self.dram_rows[rows]
+        covered_b = self.covered_b[rows] if np.ndim(self.covered_b) else self.covered_b
+        more = (None if v is None else v[rows] for v in (self.slots, self.wave_slots, self.wide))
+        return _Tiling(num_m, num_n, tiles, units, l2_reads, lands, covered_b, dram_rows, *more)
 
 
 def _tiling(problem: Problem, t: Tiles) -> _Tiling:
@@ -528,7 +554,14 @@ def _tiling(problem: Problem, t: Tiles) -> _Tiling:
     a_run = K_BLOCK_BYTES if problem.a_major == "K" else np.minimum(t.a_piece, problem.m) * elem
     b_run = K_BLOCK_BYTES if problem.b_major == "K" else np.minimum(t.b_piece, problem.n) * elem
     dram_rows = problem.m / dram_run_efficiency(RATES, a_run) + covered_b / dram_run_efficiency(RATES, b_run)
-    return _Tiling(num_m, num_n, units, l2_reads, lands, covered_b, dram_rows)
+    dram_rows = np.broadcast_to(dram_rows, num_m.shape)
+    return _Tiling(num_m, num_n, num_m * num_n, units, l2_reads, lands, covered_b, dram_rows)
+
+
+def _slots(device: DeviceSpec, cluster) -> tuple:
+    """(the clusters of `cluster` CTAs a persistent grid runs at once (at least 1), the CTAs of a
+    wave of them), elementwise."""
+    return np.maximum(1, device.num_sms // cluster), device.num_sms // cluster * cluster
 
 
 def traffic(problem: Problem, block_m: int, block_n: int, b_box: int, multicast: str) -> Traffic:
@@ -568,96 +601,220 @@ def dram_runs(problem: Problem, cfg: KernelConfig) -> tuple[int, int]:
     return a_run, b_run
 
 
-def costs(problem: Problem, device: DeviceSpec, t: Tiles, til: _Tiling, report: bool = False) -> dict:
-    """Model the run time of each candidate of `t` (`til` its tiling of `problem`), clock
-    cycles: a dict of arrays, "cost", "sm_time", "traffic" and "splits" (what `_order` ranks
-    by), and with `report` the other terms `explain` reports (see `_terms`). The model reads
-    tiles in user coordinates: swap_ab configs (forced only) are not modelled. Rates: RATES
-    (`device.rates` of every sm_90a device)."""
-    r = RATES
-    cluster = t.cluster_size
-    k_blocks = ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype])
-    splits = np.minimum(t.split_k, k_blocks)  # at most one per K block, so no split is empty
-    kb_unit = ceil_div(k_blocks, splits)  # the longest split's K blocks
-    cta_tiles = til.units * cluster  # including a pair's recomputed peer past the edge
-    tr = Traffic(cta_tiles, til.units, til.l2_reads, til.lands)
+_RATE_TABLES: dict = {}  # see `_rate_table`
 
-    w = waves_of(til.units * splits, device.num_sms // cluster)
+
+def _rate_table(rates: ArchRates, num_sms: int | None):
+    """`mma_rate` of every count of busy CTAs a persistent grid on `num_sms` SMs can have (up to
+    one pair past the SMs: a grid always runs one cluster), by that count; for None, the
+    divisors of `_byte_terms`' rows of bytes per CTA while CTAs run (the chip's L2 delivery, L2
+    read and DRAM read rates). At `rates`: made again when they change (as
+    `heuristics.device.costing_with` changes them)."""
+    got = _RATE_TABLES.get(num_sms)
+    if got is None or got[0] is not rates:
+        if num_sms is None:
+            per_wave = [rates.l2_delivery_bytes_per_clk, rates.l2_total_bytes_per_clk, rates.dram_read_bytes_per_clk]
+            table = np.array(per_wave, dtype=float)[:, None, None]
+        else:
+            table = mma_rate(rates, num_sms, np.arange(num_sms + 3))
+        got = _RATE_TABLES[num_sms] = rates, table
+    return got[1]
+
+
+def costs(
+    problem: Problem, device: DeviceSpec, t: Tiles, til: _Tiling, report: bool = False, unsplit: bool = False
+) -> dict:
+    """Model the run time of each candidate of `t` (`til` its tiling of `problem`), clock
+    cycles: a dict of arrays, "cost", "sm_time", "l2_reads" and "splits" (what `_order` ranks
+    by; "splits" the int 1 with `unsplit`, which says that no candidate splits), and with
+    `report` the other terms `explain` reports (see `_terms`). The model reads tiles in user
+    coordinates: swap_ab configs (forced only) are not modelled. Rates: RATES (`device.rates`
+    of every sm_90a device). In two parts: `_wave_terms`, which M enters only through its m
+    block counts, and `_byte_terms`."""
+    k_blocks = ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype])
+    shared = til.wide is not None or _shared_wave_possible(problem)
+    if shared and til.wide is None:
+        til = til._replace(wide=_wide_wave_tiles(problem, t.block_m, til.num_m))
+    w = _wave_terms(device, t, til, k_blocks, shared, unsplit and not report, report)
+    return _byte_terms(problem, t, w, til.lands, til.l2_reads, til.dram_rows, report, til)
+
+
+class _Waves(NamedTuple):
+    """The terms of `costs` that depend on how the work units of each candidate fill the grid,
+    not on the bytes they move (M enters them only through its m block counts): see
+    `_wave_terms`."""
+
+    splits: Any  # K splits used, or the int 1 where no candidate splits
+    kb_unit: Any  # K blocks of the longest split
+    work: Any  # work units (cluster units x splits)
+    busy: np.ndarray  # units a full wave runs
+    full_waves: np.ndarray  # the waves but the last
+    last: np.ndarray  # units of the last wave
+    active: np.ndarray  # CTAs busy in a full wave (row 0) and in the last (row 1)
+    cta_per_kb: np.ndarray  # CTA tiles x `Tiles.cluster_per_kb` (see `_byte_terms`)
+    mma: np.ndarray  # tensor-core time per k-block (at the clock credit of `active[0]`)
+    fixed: np.ndarray  # the larger of mma and `Tiles.fixed_clk`
+    l2_gain: np.ndarray | None  # the shared-wave gain of both L2 rates; None: no candidate has one
+    delivery_rate: Any  # the L2 delivery rate, times l2_gain
+    launch: Any  # clock cycles per launch
+    # Split-K (where no candidate splits: split None, the others 0; see `_splitk_terms`):
+    split: np.ndarray | None  # where a candidate splits
+    others: Any  # splits but split 0
+    rounds: Any  # dependent L2 round trips of the fix-up
+    fixup_share: Any  # 2 (S - 1) / S per CTA of `active`: the partials it moves, on average
+    ws_units: Any  # splits 1.. x column bytes x the tiles of a column (workspace = this x partial rows)
+    num_m: Any  # m blocks
+    column_bytes: Any  # bytes of fp32 partials of one row of a tile
+
+
+def _wave_terms(device: DeviceSpec, t: Tiles, til: _Tiling, k_blocks: int, shared: bool, single: bool, report: bool):
+    """`_Waves` of the candidates `t`, tiled `til`, over `k_blocks` K blocks; `shared`: whether
+    any layout can run in a shared wave (`_shared_wave_possible`; then `til.wide` is counted);
+    `single`: every candidate is unsplit (the scalar 1 stands for its splits)."""
+    r = RATES
+    cluster, units = t.cluster_size, til.units
+    if single:
+        splits, kb_unit, work = 1, k_blocks, units
+    else:
+        splits = np.minimum(t.split_k, k_blocks)  # at most one per K block, so no split is empty
+        kb_unit = ceil_div(k_blocks, splits)  # the longest split's K blocks
+        work = units * splits
+    # `waves_of(work, slots)` (work >= 1): every wave but the last keeps `busy` units running.
+    slots, wave_slots = _slots(device, cluster) if til.slots is None else (til.slots, til.wave_slots)
+    busy = np.minimum(slots, work)
+    full_waves = (work - 1) // busy
+    last = work - full_waves * busy
     # CTAs busy in a full wave (the first row) and in the last (the second): every term that
     # depends on them is counted for both at once.
-    active = np.array((w.slots, w.last_wave_tiles)) * cluster
-    l2_gain = 1.0
-    if _shared_wave_possible(problem):
-        work = til.num_m * til.num_n * splits
-        shared = _wide_wave_tiles(problem, t.block_m, til.num_m) & (work <= device.num_sms // cluster * cluster)
-        l2_gain = np.where(shared, r.l2_shared_wave_gain, 1.0)
-
-    # Per k-block of one CTA (`Tiles` holds the times of the tile alone). The tensor-core rate
-    # follows the CTAs the persistent grid keeps busy (the clock credit).
-    ingress = til.lands * K_BLOCK_BYTES / cta_tiles  # bytes landing in one CTA per k-block
-    mma = t.flops / mma_rate(r, device.num_sms, active[0])
-    l2_ingress = ingress / r.l2_sm_bytes_per_clk
-    fixed = np.maximum(np.maximum(mma, t.smem_clk), np.maximum(l2_ingress, t.latency_clk))
-    l2_read = til.l2_reads * K_BLOCK_BYTES / cta_tiles
-    # Bytes per CTA per k-block that come from DRAM: A once, B once per column block as its
-    # boxes cover it (the overhang of padded pieces is fetched by both neighbours at the same
-    # time: it comes from DRAM twice), spread over the tiles (the m blocks of a column share B
-    # through L2).
-    dram_read = til.dram_rows * K_BLOCK_BYTES / cta_tiles
-    l2 = active * (l2_read / l2_gain) / r.l2_total_bytes_per_clk
-    dram = dram_stream_clk(r, t.dram_latency_clk, dram_read, active)
-    delivery = active * ingress / (r.l2_delivery_bytes_per_clk * l2_gain)
-    slowest_clk = np.maximum(np.maximum(fixed, l2), np.maximum(dram, delivery))
-
+    active = np.array((busy, last))
+    active *= cluster
+    # The tensor-core rate follows the CTAs the persistent grid keeps busy (the clock credit,
+    # `mma_rate`); shared-memory traffic and latency are the tile's (`Tiles.fixed_clk`).
+    mma = t.flops / _rate_table(r, device.num_sms)[active[0]]
+    fixed = np.maximum(mma, t.fixed_clk)
+    # In a shared wave both L2 rates are faster.
+    l2_gain, delivery_rate = None, r.l2_delivery_bytes_per_clk
+    if shared:
+        in_wave = til.wide & ((til.tiles if single else til.tiles * splits) <= wave_slots)
+        if np.count_nonzero(in_wave):
+            l2_gain = np.where(in_wave, r.l2_shared_wave_gain, 1.0)
+            delivery_rate = delivery_rate * l2_gain
     # Per launch: the kernel's launch, ramp and drain; split-K's measured extra besides.
-    split = splits > 1
-    if report or split.any():
-        fixup, rounds, ws_total = _splitk_terms(problem, t, splits, til.num_m, cta_tiles, active)
+    split = None if single else splits > 1
+    if split is not None and (report or np.count_nonzero(split)):
         launch = r.launch_clk + np.where(split, SPLITK_LAUNCH_CLK, 0)
-    else:  # nothing to fix up
-        fixup, rounds, ws_total, launch = 0.0, 0, 0, r.launch_clk
-    clk = kb_unit * slowest_clk + fixup + t.epilogue_clk  # of a unit, in a full wave and in the last
-    sm_time = persistent_time(w, clk[0], clk[1])
+        more = _splitk_terms(t, splits, til.num_m, units * cluster, active)
+    else:
+        launch, split, more = r.launch_clk, None, (0, 0, 0, 0, 0, 0)
+    cta_per_kb = units * t.cluster_per_kb
+    return _Waves(
+        splits,
+        kb_unit,
+        work,
+        busy,
+        full_waves,
+        last,
+        active,
+        cta_per_kb,
+        mma,
+        fixed,
+        l2_gain,
+        delivery_rate,
+        launch,
+        split,
+        *more,
+    )
+
+
+def _splitk_terms(t: Tiles, splits, num_m, cta_tiles, active) -> tuple:
+    """The split-K columns of `_Waves`, but for `split`. Splits 1.. park their fp32 partial
+    tiles (only live rows) in the workspace; split 0 reads them back (a batch of splits a round
+    trip) and runs the epilogue."""
+    others = splits - 1
+    rounds = np.where(others > 0, SPLITK_SYNC_ROUND_TRIPS + ceil_div(others, splits_per_read(t.split_k, t.acc_regs)), 0)
+    # on average a CTA moves 2 (S - 1) / S partials: splits 1.. store one, split 0 reads S - 1
+    fixup_share = active * 2 * others / splits
+    column_bytes = t.block_n * PARTIAL_BYTES
+    return others, rounds, fixup_share, others * column_bytes * (cta_tiles // num_m), num_m, column_bytes
+
+
+def _byte_terms(problem: Problem, t: Tiles, w: _Waves, lands, l2_reads, dram_rows, report=False, til=None) -> dict:
+    """`costs` of the candidates `t` with wave terms `w`, whose tiles land `lands` rows and
+    columns in shared memory, read `l2_reads` from L2 and stream `dram_rows` from DRAM (all
+    CTAs together, per K slice; see `_Tiling`); with `report`, the terms `explain` reports
+    (`til` their tiling)."""
+    r = RATES
+    # Per k-block of one CTA (`Tiles` holds the times of the tile alone). Bytes per CTA, one row
+    # each: landing in its shared memory; read from L2; from DRAM (A once, B once per column
+    # block as its boxes cover it: the overhang of padded pieces is fetched by both neighbours
+    # at the same time, so it comes from DRAM twice), spread over the CTA tiles, a pair's
+    # recomputed peer past the edge included (the m blocks of a column share B through L2):
+    # rows * K_BLOCK_BYTES / (units * cluster), computed as rows / (units * cluster_per_kb),
+    # which rounds alike (the two scalings by K_BLOCK_BYTES, a power of 2, are exact).
+    per_cta = np.array((lands, l2_reads, dram_rows))
+    per_cta /= w.cta_per_kb
+    l2_ingress = per_cta[0] / r.l2_sm_bytes_per_clk
+    fixed = np.maximum(w.fixed, l2_ingress)
+    # While `active` CTAs run, one row each: the L2 delivery into every CTA's shared memory,
+    # the CTA's share of the chip-wide L2 bandwidth and its DRAM streaming time
+    # (`dram_stream_clk`: the loaded latency over the stages in flight, in series with its
+    # share of the read bandwidth).
+    rates = _rate_table(r, None)
+    if w.l2_gain is None:  # (a gain of 1 changes no term)
+        per_wave = per_cta[:, None] * w.active
+        per_wave /= rates
+    else:  # in a shared wave both L2 rates are faster
+        per_cta[1] /= w.l2_gain
+        per_wave = per_cta[:, None] * w.active
+        per_wave[0] /= w.delivery_rate
+        per_wave[1:] /= rates[1:]
+    per_wave[2] += t.dram_latency_clk
+    clk = np.maximum(np.maximum(fixed, per_wave[0]), np.maximum(per_wave[1], per_wave[2]))  # the slowest
+
+    # Per unit, in a full wave and in the last: its k-blocks, split-K's fix-up (serial after the
+    # main loop: the other splits' store fence and count, the read-back of their partials over
+    # the CTA's L2 port or its share of the chip's, whichever is slower), the epilogue.
+    clk *= w.kb_unit
+    fixup, ws_total = 0.0, 0
+    if w.split is not None:
+        m = problem.m  # (block_m >> 7 is the index of block_m in BLOCK_MS)
+        rows = np.array([m - m % b + _last_partial_rows(m % b, b) for b in BLOCK_MS])[t.block_m >> 7]
+        # Bytes one split of a tile stores (the scaling by PARTIAL_BYTES, a power of 2, is
+        # exact in either order), and all of them.
+        ws_tile = rows / w.num_m * w.column_bytes
+        ws_total = w.ws_units * rows
+        own = w.others * ws_tile / r.l2_sm_bytes_per_clk  # split 0 reads the others back
+        chip = w.fixup_share * ws_tile / r.l2_total_bytes_per_clk
+        fixup = w.rounds * L2_ROUND_TRIP_CLK + np.maximum(own, chip)  # (0 unsplit)
+        clk += fixup
+    clk += t.epilogue_clk
+    sm_time = w.full_waves * clk[0] + clk[1]  # `persistent_time`
 
     # The DRAM floor: the operands at the read-only streaming rate, output and workspace at the
     # copy rate.
-    dram_bytes = til.dram_rows * problem.k * DTYPE_BYTES[problem.dtype]
-    hbm_time = dram_bytes / r.dram_read_bytes_per_clk + (output_bytes(problem) + ws_total) / r.hbm_bytes_per_clk
-    out = {"cost": np.maximum(sm_time, hbm_time) + launch, "sm_time": sm_time, "traffic": tr, "splits": splits}
+    # (dram_rows * K * the element size: a power of 2, whose scaling is exact in either order)
+    hbm_time = dram_rows * (problem.k * DTYPE_BYTES[problem.dtype]) / r.dram_read_bytes_per_clk
+    hbm_time += (output_bytes(problem) + ws_total) / r.hbm_bytes_per_clk
+    cost = np.maximum(sm_time, hbm_time)
+    cost += w.launch
+    out = {"cost": cost, "sm_time": sm_time, "l2_reads": l2_reads, "splits": w.splits}
     if report:
-        terms = {"mma": mma, "smem": t.smem_clk, "l2_ingress": l2_ingress, "latency": t.latency_clk}
-        terms.update(l2=l2[0], dram=dram[0], delivery=delivery[0])
+        terms = {"mma": w.mma, "smem": t.smem_clk, "l2_ingress": l2_ingress, "latency": t.latency_clk}
+        terms.update(l2=per_wave[1, 0], dram=per_wave[2, 0], delivery=per_wave[0, 0])
+        cta_tiles = til.units * t.cluster_size
         out.update(
             bound=np.where(hbm_time >= sm_time, "hbm", slowest(terms)[0]),
             hbm_time=hbm_time,
-            waves=w,
-            kb_unit=kb_unit,
-            dram_efficiency=np.broadcast_to((problem.m + til.covered_b) / til.dram_rows, sm_time.shape),
-            launch=launch,
+            traffic=Traffic(cta_tiles, til.units, l2_reads, lands),
+            waves=Waves(w.work, w.busy, w.full_waves + 1, w.last),
+            kb_unit=w.kb_unit,
+            dram_efficiency=np.broadcast_to((problem.m + til.covered_b) / dram_rows, sm_time.shape),
+            launch=w.launch,
             fixup=fixup[0],
-            rounds=rounds,
+            rounds=w.rounds,
             ws_total=ws_total,
         )
     return out
-
-
-def _splitk_terms(problem: Problem, t: Tiles, splits, num_m, cta_tiles, active) -> tuple:
-    """(the split-K fix-up of a unit while `active` CTAs run (0 without a split), its L2 round
-    trips, the workspace bytes). Splits 1.. park their fp32 partial tiles (only live rows) in
-    the workspace; split 0 reads them back and runs the epilogue."""
-    r = RATES
-    rows_of = [partial_rows(problem.m, b, num_consumers_for(b)) for b in BLOCK_MS]
-    rows = np.array(rows_of)[np.searchsorted(BLOCK_MS, t.block_m)]  # per column of tiles, split
-    ws_tile = rows / num_m * t.block_n * PARTIAL_BYTES  # bytes one split of a tile stores
-    ws_total = (splits - 1) * rows * t.block_n * PARTIAL_BYTES * (cta_tiles // num_m)
-    split = splits > 1
-    rounds = np.where(
-        split, SPLITK_SYNC_ROUND_TRIPS + _readback_rounds(splits_per_read(t.split_k, t.acc_regs), splits), 0
-    )
-    own = (splits - 1) * ws_tile / r.l2_sm_bytes_per_clk  # split 0 reads the others back
-    # on average a CTA moves 2 (S - 1) / S partials: splits 1.. store one, split 0 reads S - 1
-    chip = active * 2 * (splits - 1) / splits * ws_tile / r.l2_total_bytes_per_clk
-    return np.where(split, rounds * L2_ROUND_TRIP_CLK + np.maximum(own, chip), 0.0), rounds, ws_total
 
 
 def _terms(problem: Problem, device: DeviceSpec, t: Tiles, c: dict, i: int) -> dict:
@@ -695,33 +852,59 @@ def _order(t: Tiles, c: dict, top: int) -> list[int]:
     """The first `top` candidates, best first. The modelled cost decides; ties (every candidate
     at the DRAM floor, or several tensor-core bound) go to the faster SM-side time, then to less
     L2 traffic (robust if the L2 rates are off), then to fewer splits, no cluster, the smaller
-    tile (less padding), block_m, block_n, the multicast side, and last the config name."""
-    cost = c["cost"].round(6)
-    # Only the rows as cheap as the top-th cheapest can be among the first `top`.
-    rows = np.flatnonzero(cost <= np.partition(cost, min(top, len(cost)) - 1)[min(top, len(cost)) - 1])
+    tile (less padding), block_m, block_n, the multicast side, and last the config name. Costs
+    (and SM-side times) are compared rounded to 6 decimals, as NumPy's `round` rounds them."""
+    cost = c["cost"]
+    if top == 1:
+        # The rows whose rounded cost can be the least (`round` never reorders), rounded.
+        low = float(cost[cost.argmin()])
+        rows = (cost <= low + (1e-5 + low * 1e-12)).nonzero()[0]
+        if len(rows) == 1:
+            return [int(rows[0])]
+        rounded = [_round6(x) for x in cost[rows].tolist()]
+        least = min(rounded)
+        keep = [i for i, x in enumerate(rounded) if x == least]
+        rows, rounded = rows[keep], [least] * len(keep)
+    else:
+        cost = cost.round(6)
+        # Only the rows as cheap as the top-th cheapest can be among the first `top`.
+        rows = (cost <= np.partition(cost, min(top, len(cost)) - 1)[min(top, len(cost)) - 1]).nonzero()[0]
+        rounded = cost[rows].tolist()
     if len(rows) == 1:
         return [int(rows[0])]
-    keys = (
-        cost[rows],
-        np.round(c["sm_time"][rows], 6),
-        c["traffic"].l2_reads[rows],
-        c["splits"][rows],
-        t.cluster_size[rows],
-        (t.block_m * t.block_n)[rows],
-        t.block_m[rows],
-        t.block_n[rows],
-        t.multicast[rows],
+    # The keys of those rows, in plain Python (they are few).
+    bm, bn, cluster, multicast = t.ints[_ORDER_COLUMNS[:, None], rows].tolist()
+    keys = list(
+        zip(
+            rounded,
+            [_round6(x) for x in c["sm_time"][rows].tolist()],
+            c["l2_reads"][rows].tolist(),
+            c["splits"][rows].tolist() if np.ndim(c["splits"]) else [c["splits"]] * len(rows),
+            cluster,
+            [m * n for m, n in zip(bm, bn)],
+            bm,
+            bn,
+            multicast,
+        )
     )
-    order = np.lexsort(keys[::-1])
+    order = sorted(range(len(rows)), key=keys.__getitem__)
     # Rows tied on every numeric key with the last one shown are sorted by name with it.
-    shown = list(order[:top])
-    tied = tuple(k[shown[-1]] for k in keys)
+    shown = order[:top]
     for i in order[top:]:
-        if tuple(k[i] for k in keys) != tied:
+        if keys[i] != keys[shown[-1]]:
             break
         shown.append(i)
-    shown.sort(key=lambda i: (tuple(k[i] for k in keys), t.config(rows[i]).name))
+    if any(keys[i] == keys[j] for i, j in zip(shown, shown[1:])):
+        shown.sort(key=lambda i: (keys[i], t.config(rows[i]).name))
     return [int(rows[i]) for i in shown[:top]]
+
+
+def _round6(x: float) -> float:
+    """NumPy's `round(x, 6)` of a float (x * 1e6 rounded half to even, over 1e6)."""
+    return round(x * 1e6) / 1e6
+
+
+_ORDER_COLUMNS = np.array([Tiles.INTS.index(name) for name in ("block_m", "block_n", "cluster_size", "multicast")])
 
 
 def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidate:
@@ -765,7 +948,7 @@ def _raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec, b_box: int,
     """The raster fields of the smallest working set of `cfg`'s tiles, which load `b_box`
     columns of B, split `split_k` ways. With split-K the consecutive work units of a wave are
     the splits of fewer tiles."""
-    splits = int(geometry.splits_used(split_k, cfg.block_k, problem.k))
+    splits = int(geometry.splits_used(split_k, cfg.block_k, problem.k)) if split_k > 1 else 1
     slots = max(1, device.num_sms // cfg.cluster_size // splits)
     km, kn = kernel_shape(cfg, problem.m, problem.n)  # swap_ab tiles are in kernel coordinates
     raster, group, _ = choose_raster(
@@ -806,6 +989,25 @@ class _Layouts:
     tiles: Tiles  # those layouts, staged (split_k 1), then their B-tail variants
     tail_of: np.ndarray  # per B-tail variant (the rows of `tiles` past the staged layouts): its layout's row
     split_slots: np.ndarray  # per row of `tiles`: see `_split_slots`
+    half_split_slots: np.ndarray  # split_slots // 2
+    split_count: np.ndarray  # `_split_count` of its most splits, most = 0..max(split_slots)
+    splits_up_to: np.ndarray  # how many of SPLITS are <= s, s = 0..num_sms
+    # What a problem's M makes of a row of `tiles` depends on its block_m, its multicast and
+    # (an M-major A) the pieces of A it loads only: the rows' classes, which `_by_m` counts.
+    classes: tuple  # (block_m, the index of the multicast in MULTICASTS, a_piece or 0) of each class
+    class_of: np.ndarray  # per row of `tiles`: its class
+    by_m_index: np.ndarray  # `_by_m`'s table per row of `tiles`, from its classes' rows one after the other
+    slots: np.ndarray  # per row of `tiles`: `_Tiling.slots`
+    wave_slots: np.ndarray  # ... `_Tiling.wave_slots`
+    pair_n: np.ndarray  # ... the tiles of a cluster unit along N (2 for a pair sharing A, else 1)
+    pair_m: np.ndarray  # ... along M
+    unpaired_a: np.ndarray  # ... not a pair sharing A
+    boxes_within: bool  # whether no tile loads B past its columns (see `covered_extent`)
+
+    @property
+    def staged(self) -> int:
+        """The rows of `tiles` that are layouts (the B-tail variants follow them)."""
+        return len(self.tiles) - len(self.tail_of)
 
 
 @functools.lru_cache(maxsize=64)
@@ -839,11 +1041,201 @@ def _layouts(device: DeviceSpec, *kind) -> _Layouts:
     tail_of = np.array([i for i, tail in enumerate(tails) if tail is not None], dtype=int)
     tiles = Tiles.of(staged + [tails[i] for i in tail_of])
     split_slots = _split_slots(device, tiles.cluster_size, tiles.acc_regs)
-    return _Layouts(tuple(descriptions), tuple(fields), tuple(pre), tuple(post), row, tiles, tail_of, split_slots)
+    a_pieces = tiles.a_piece if like.a_major == "M" else np.zeros(len(tiles), dtype=int)
+    keys = list(zip(tiles.block_m.tolist(), tiles.multicast.tolist(), a_pieces.tolist()))
+    classes = tuple(sorted(set(keys)))
+    class_of = np.array([classes.index(key) for key in keys], dtype=int)
+    by_m_index = class_of * _BY_M + np.arange(_BY_M)[:, None]
+    slots, wave_slots = _slots(device, tiles.cluster_size)
+    return _Layouts(
+        tuple(descriptions),
+        tuple(fields),
+        tuple(pre),
+        tuple(post),
+        row,
+        tiles,
+        tail_of,
+        split_slots,
+        split_slots // 2,
+        _split_count(1, 4 * int(split_slots.max()), np.arange(split_slots.max() + 1)),
+        SPLIT_VALUES.searchsorted(np.arange(device.num_sms + 1), side="right"),
+        classes,
+        class_of,
+        by_m_index,
+        slots,
+        wave_slots,
+        1 + tiles.shares_a,
+        1 + tiles.shares_b,
+        tiles.shares_a == 0,
+        bool(np.all(tiles.b_box <= tiles.block_n)),
+    )
+
+
+def _kind(problem: Problem) -> tuple:
+    return problem.dtype, problem.out_dtype, problem.a_major, problem.b_major, problem.has_c
 
 
 def _layouts_of(problem: Problem, device: DeviceSpec) -> _Layouts:
-    return _layouts(device, problem.dtype, problem.out_dtype, problem.a_major, problem.b_major, problem.has_c)
+    return _layouts(device, *_kind(problem))
+
+
+class _ByN(NamedTuple):
+    """What a problem's N makes of the rows of a `_Layouts` (see `_traffic`), elementwise."""
+
+    num_n: np.ndarray
+    grid_n: np.ndarray  # cluster units along N
+    b_cols: np.ndarray  # columns of B one row of cluster units reads
+    covered_b: Any
+    b_dram: np.ndarray  # the columns of B streamed from DRAM, weighted by the DRAM efficiency of their runs
+    can_share: np.ndarray  # 0 for a pair sharing A with one n block (nothing to share), else 1
+
+
+@functools.lru_cache(maxsize=256)
+def _by_n(device: DeviceSpec, kind: tuple, n: int) -> _ByN:
+    """`_ByN` of N = `n` for the layouts of `kind` (see `_layouts`)."""
+    lay = _layouts(device, *kind)
+    t = lay.tiles
+    num_n = -(-n // t.block_n)
+    grid_n = (num_n + t.shares_a) // lay.pair_n  # (`ceil_div`)
+    covered_b = n if lay.boxes_within else covered_extent(n, t.block_n, t.b_box)
+    # A pair sharing A whose peer falls past the edge re-reads the last n block.
+    b_cols = covered_b + (num_n & t.shares_a) * ((n - 1) % t.block_n + 1)
+    if kind[3] == "K":
+        b_dram = np.full(len(t), covered_b / dram_run_efficiency(RATES, K_BLOCK_BYTES))
+    else:
+        b_dram = covered_b / dram_run_efficiency(RATES, np.minimum(t.b_piece, n) * DTYPE_BYTES[kind[0]])
+    return _ByN(num_n, grid_n, b_cols, covered_b, b_dram, (num_n >= 2) | lay.unpaired_a)
+
+
+_BY_M = 5  # the rows of `_by_m`'s table
+
+
+def _by_m(problem: Problem, lay: _Layouts) -> np.ndarray:
+    """Per row of `lay.tiles`, one row each: m blocks, cluster units along M, whether the
+    single-wave rule's exception applies (1 for an unpaired tile: the rule does not), whether a
+    pair sharing B has two m blocks to share (1 for the others), whether the tiles are wide
+    enough for a shared wave (`_wide_wave_tiles`); counted once per class of rows. M enters
+    them through its m block counts only."""
+    m = problem.m
+    wide_n = problem.n >= SHARED_WAVE_MIN_N
+    ints = []  # the classes' rows one after the other, `_BY_M` columns each
+    for block_m, multicast, _ in lay.classes:
+        num_m = -(-m // block_m)
+        wide = block_m >= 128 and num_m >= SHARED_WAVE_M_BLOCKS and wide_n
+        if multicast == 1:  # a pair sharing B
+            ints += (num_m, -(-num_m // 2), num_m == 2, num_m >= 2, wide)
+        else:
+            ints += (num_m, num_m, wide if multicast == 0 else True, True, wide)
+    return np.array(ints)[lay.by_m_index]
+
+
+def _a_side(problem: Problem, lay: _Layouts, class_of: np.ndarray) -> tuple:
+    """(the rows of A one column of cluster units reads (see `_traffic`); the rows of A streamed
+    from DRAM, weighted by the DRAM efficiency of their runs (one for all, or per row)), of the
+    rows of `lay.tiles` of these classes, counted once per class."""
+    m = problem.m
+    # A pair sharing B whose peer falls past the edge re-reads the last m block.
+    rows = [m + ((m - 1) % b + 1) * (-(-m // b) % 2) if mc == 1 else m for b, mc, _ in lay.classes]
+    if problem.a_major == "K":
+        return np.array(rows)[class_of], m / dram_run_efficiency(RATES, K_BLOCK_BYTES)
+    elem = DTYPE_BYTES[problem.dtype]
+    a_dram = [m / dram_run_efficiency(RATES, min(piece, m) * elem) for _, _, piece in lay.classes]
+    return np.array(rows)[class_of], np.array(a_dram)[class_of]
+
+
+class _Rows(NamedTuple):
+    """A problem's tiling by every row of the `_Layouts` of its kind, with what the rules that
+    look at the shape read of each (per row, see `_by_m`): `exempt` from the single-wave rule,
+    a pair that `can_share`."""
+
+    layouts: _Layouts
+    tiling: _Tiling
+    k_blocks: int
+    exempt: np.ndarray
+    can_share: np.ndarray
+    grid_n: np.ndarray  # cluster units along N
+    b_reads: np.ndarray  # columns of B read out of L2, all CTAs together (see `_traffic`)
+    b_dram: np.ndarray  # ... streamed from DRAM, weighted by the DRAM efficiency of their runs
+
+    def splits(self, device: DeviceSpec) -> tuple:
+        """(first, end, count), per row: the rules let SPLITS[first:end] through, of the
+        SPLITS[:count] that `split_choices` allows. A pair is removed when it has one block on
+        the side it pairs along, or when its largest split is a single wave; its other splits
+        are costed only where the single-wave rule lets them (multicast only when the work
+        units exceed one wave). A B-tail variant is costed unsplit, in a shared wave, where its
+        layout is costed unsplit."""
+        lay, til = self.layouts, self.tiling
+        count = lay.split_count[np.minimum(self.k_blocks // MIN_KB_PER_SPLIT, lay.split_slots // til.units)]
+        # Up to how many splits `single_wave_rule` removes a pair (0: never, and for unpaired
+        # tiles): the rule applies at split s exactly when s <= this. Pairs run only on an even
+        # SM count (`_pre_rule`), where a wave of pairs is within the grid whenever it is within
+        # the SM count, so whether the rule's exception applies (`exempt`) does not depend on
+        # the split.
+        first = lay.splits_up_to[np.where(self.exempt, 0, device.num_sms // til.tiles)]
+        end = np.where(self.can_share, count, 0)
+        first[lay.staged :] = 0
+        if til.wide is None:
+            end[lay.staged :] = 0
+        else:
+            end[lay.staged :] = (first[lay.tail_of] == 0) & (end[lay.tail_of] > 0) & self.tail_shared()
+        return first, end, count
+
+    def unsplit(self, device: DeviceSpec) -> np.ndarray | None:
+        """Where the rules let a row through unsplit (`splits`' first == 0 < end), when no row
+        can split (every `split_choices` is [1]); else None."""
+        lay, til = self.layouts, self.tiling
+        if self.k_blocks >= 2 * MIN_KB_PER_SPLIT and np.count_nonzero(til.units <= lay.half_split_slots):
+            return None  # a layout splits (`_split_count`)
+        legal = (self.exempt | (til.tiles > device.num_sms)) & self.can_share
+        if til.wide is None:
+            legal[lay.staged :] = 0
+        else:
+            legal[lay.staged :] = legal[lay.tail_of] & self.tail_shared()
+        return legal
+
+    def tail_shared(self):
+        """Per B-tail variant: whether its tiles run in a shared wave (`shared_wave`, unsplit)."""
+        lay, til = self.layouts, self.tiling
+        if til.wide is None:
+            return False
+        rows = slice(lay.staged, None)
+        return til.wide[rows] & (til.tiles[rows] <= lay.wave_slots[rows])
+
+
+def _rows(problem: Problem | _Shape, device: DeviceSpec, moves: bool = True) -> _Rows:
+    """The tiling of `problem` by every layout of its kind, and what the rules read of each;
+    without `moves`, the tiling's counts of the rows and columns moved (`_Tiling.l2_reads`,
+    `lands`, `dram_rows`, which M enters at every row) are left out (None)."""
+    if device.arch != ARCH:
+        raise ValueError(f"the {ARCH} heuristics do not select for {device.arch!r}")
+    kind = _kind(problem)
+    lay = _layouts(device, *kind)
+    by_n = _by_n(device, kind, problem.n)
+    num_m, grid_m, exempt, can_share, wide = _by_m(problem, lay)
+    # `_traffic`, with what depends on one of M and N counted once for each.
+    b_reads = grid_m * by_n.b_cols
+    l2_reads = lands = dram_rows = None
+    if moves:
+        a_rows, a_dram = _a_side(problem, lay, lay.class_of)
+        a_reads = by_n.grid_n * a_rows
+        l2_reads = a_reads + b_reads
+        lands = a_reads * lay.pair_n + b_reads * lay.pair_m  # a shared tile lands in both CTAs of its pair
+        dram_rows = a_dram + by_n.b_dram
+    til = _Tiling(
+        num_m,
+        by_n.num_n,
+        num_m * by_n.num_n,
+        grid_m * by_n.grid_n,
+        l2_reads,
+        lands,
+        by_n.covered_b,
+        dram_rows,
+        lay.slots,
+        lay.wave_slots,
+        wide if _shared_wave_possible(problem) else None,
+    )
+    k_blocks = ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype])
+    return _Rows(lay, til, k_blocks, exempt, can_share & by_n.can_share, by_n.grid_n, b_reads, by_n.b_dram)
 
 
 @dataclass(frozen=True)
@@ -853,59 +1245,177 @@ class _Search:
     layouts: _Layouts
     candidates: Tiles
     costs: dict
-    single_wave: np.ndarray  # per row of the layouts: removed by the single-wave rule at its largest split
-    largest_split: np.ndarray
+    first: np.ndarray  # per row of the layouts: see `_Rows.splits`
+    count: np.ndarray
 
 
 SPLIT_INDEX = np.arange(len(SPLITS))
 
 
-def _search(problem: Problem, device: DeviceSpec, report: bool = False) -> _Search:
+def _search(problem: Problem, device: DeviceSpec, report: bool = False, rows: _Rows | None = None) -> _Search:
     """Every legal (tile layout, split) and B-tail candidate of `problem`, costed (with the
-    terms `explain` reports when `report`)."""
-    if device.arch != ARCH:
-        raise ValueError(f"the {ARCH} heuristics do not select for {device.arch!r}")
-    lay = _layouts_of(problem, device)
-    t = lay.tiles
-    til = _tiling(problem, t)
-    # The splits of each layout: SPLITS[first:end]. A pair is removed when it has one block on
-    # the side it pairs along, or when its largest split is a single wave; its other splits are
-    # costed only where the single-wave rule lets them (multicast only when the work units
-    # exceed one wave).
-    count = _split_count(til.units, ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype]), lay.split_slots)
-    paired = t.cluster_size > 1
-    tiles = til.num_m * til.num_n
-    single = _single_wave_splits(problem, device, t.block_m, til.num_m, tiles, t.shares_a)
-    first = np.where(paired, np.searchsorted(SPLIT_VALUES, single, side="right"), 0)
-    single_at_largest = paired & (first >= count)
-    end = np.where(paired & (np.where(t.shares_a, til.num_n, til.num_m) < 2), 0, count)
-    # A B-tail variant is costed unsplit, in a shared wave, where its layout is costed unsplit.
-    staged = len(t) - len(lay.tail_of)
-    first[staged:], end[staged:] = 0, 0
-    if _shared_wave_possible(problem):
-        wave = tiles[staged:] <= device.num_sms // t.cluster_size[staged:] * t.cluster_size[staged:]
-        shared = _wide_wave_tiles(problem, t.block_m[staged:], til.num_m[staged:]) & wave
-        end[staged:] = (first[lay.tail_of] == 0) & (end[lay.tail_of] > 0) & shared
-    rows, split = np.nonzero((first[:, None] <= SPLIT_INDEX) & (SPLIT_INDEX < end[:, None]))
+    terms `explain` reports when `report`); `rows`: `_rows` of the problem, when known."""
+    r = _rows(problem, device) if rows is None else rows
+    lay, t = r.layouts, r.layouts.tiles
+    first, end, count = r.splits(device)
+    rows, split = ((first[:, None] <= SPLIT_INDEX) & (SPLIT_INDEX < end[:, None])).nonzero()
     if not len(rows):
         raise ValueError(f"no legal {ARCH} configuration for {problem.describe()}")
     candidates = t.take(rows, SPLIT_VALUES[split])
-    costed = costs(problem, device, candidates, til.take(rows), report)
-    return _Search(lay, candidates, costed, single_at_largest[:staged], SPLIT_VALUES[count[:staged] - 1])
+    costed = costs(problem, device, candidates, r.tiling.take(rows), report)
+    return _Search(lay, candidates, costed, first, count)
+
+
+def _best(problem: Problem, device: DeviceSpec) -> tuple[Tiles, int]:
+    """(candidates, the index of the one `_order` ranks first) of `_search`'s candidates, costed
+    from the `_skeleton` of the problem's kind, N, K and M grain; or, from the second problem of
+    a span of M on (`_span`), the span's own choice where the bounds prove one (`_span_choice`)."""
+    if device.arch != ARCH:
+        raise ValueError(f"the {ARCH} heuristics do not select for {device.arch!r}")
+    s = _skeleton(device, _kind(problem), problem.n, problem.k, -(-problem.m // M_GRAIN))
+    if s is None:
+        raise ValueError(f"no legal {ARCH} configuration for {problem.describe()}")
+    span = _span(problem.m)
+    seen = s.spans.get(span)
+    if seen is None:
+        seen = s.spans[span] = [0, None]  # [problems of the span selected, its own choice]
+    seen[0] += 1
+    if seen[1] is None and seen[0] >= SPAN_PROOF_AFTER:
+        seen[1] = _span_choice(problem, s, span)
+    if seen[1] is not None and seen[1] >= 0:
+        return s.candidates, seen[1]
+    return s.candidates, _order(s.candidates, _grain_costs(problem, s), 1)[0]
+
+
+SPAN_ROWS = 8  # see `_span`
+SPAN_PROOF_AFTER = 2  # a span's own choice is sought at its second problem (see `_best`)
+
+
+def _span(m: int) -> tuple[int, int]:
+    """The least and the largest M of the span of `m`: SPAN_ROWS rows while M is within
+    SPAN_ROWS grains (where a grain's rows differ much in size), then the M grain (a span
+    never crosses a grain)."""
+    rows = SPAN_ROWS if m <= SPAN_ROWS * M_GRAIN else M_GRAIN
+    last = -(-m // rows) * rows
+    return last - rows + 1, last
+
+
+def _grain_costs(problem, s: _Skeleton) -> dict:
+    """`costs` of the candidates of `s` for `problem` (a Problem or a `_Shape` of its grain),
+    those the rules remove at infinity."""
+    a_rows, a_dram = _a_side(problem, s.layouts, s.class_of)
+    a_reads = s.grid_n * a_rows
+    lands = a_reads * s.pair_n + s.b_lands  # (`_traffic`: a shared tile lands in both CTAs of its pair)
+    c = _byte_terms(problem, s.candidates, s.waves, lands, a_reads + s.b_reads, a_dram + s.b_dram)
+    if s.legal is not None:
+        c["cost"] = np.where(s.legal, c["cost"], np.inf)
+    return c
+
+
+def _span_choice(problem: Problem, s: _Skeleton, span: tuple[int, int]) -> int:
+    """The candidate of `s` that every problem of the span of M (least, largest) chooses, where
+    the bounds prove one (else -1): in a grain every candidate's cost grows with M (the
+    skeleton is the same, every row and column counted grows with M or stays, and so does
+    every term built from them: sums, products and quotients by the same positive numbers,
+    maxima), so in the span it lies between its cost at the least M and at the largest. A
+    candidate whose largest cost is below every other candidate's least cost by more than the
+    rounding of `_order` is first for every M of the span, whatever the other keys."""
+    rest = (problem.n, problem.k, *_kind(problem))
+    least = _grain_costs(_Shape(span[0], *rest), s)["cost"]
+    most = _grain_costs(_Shape(span[1], *rest), s)["cost"]
+    first = int(most.argmin())
+    bound = float(most[first])
+    below = least > bound + (1e-5 + bound * 1e-9)  # (`_order` compares costs rounded to 6 decimals)
+    below[first] = True
+    return first if np.count_nonzero(below) == len(below) else -1
+
+
+M_GRAIN = 64  # every block_m is a multiple of this: the m block counts of M follow from ceil(M / M_GRAIN)
+assert not any(block_m % M_GRAIN for block_m in BLOCK_MS)
+
+
+class _Skeleton(NamedTuple):
+    """What select costs alike for every problem of one kind, N, K and ceil(M / M_GRAIN): the
+    candidates (`_search`'s; or, where no layout can split, every layout, with the rules'
+    verdicts in `legal`), their wave terms (`_Waves`) and what the bytes they move take from
+    N. M enters all of them only through its m block counts (`_by_m`)."""
+
+    layouts: _Layouts
+    candidates: Tiles
+    legal: np.ndarray | None  # where the rules let a candidate through (None: every candidate)
+    waves: _Waves
+    class_of: np.ndarray  # per candidate: its class of `layouts.classes`
+    grid_n: np.ndarray  # cluster units along N
+    pair_n: np.ndarray  # the tiles of a cluster unit along N
+    b_reads: np.ndarray  # columns of B read out of L2, all CTAs together (see `_traffic`)
+    b_lands: np.ndarray  # ... landing in shared memory
+    b_dram: np.ndarray  # ... streamed from DRAM, weighted by the DRAM efficiency of their runs
+    spans: dict  # (the least M, the largest) of a span of the grain -> see `_best`
+
+
+@functools.lru_cache(maxsize=256)
+def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int) -> _Skeleton | None:
+    """`_Skeleton` of the problems of `kind` with N = n, K = k and ceil(M / M_GRAIN) = m_grains
+    (None when no candidate is legal)."""
+    like = _Shape((m_grains - 1) * M_GRAIN + 1, n, k, *kind)  # (the least M of the grain)
+    r = _rows(like, device, moves=False)
+    lay, t, til = r.layouts, r.layouts.tiles, r.tiling
+    legal = r.unsplit(device)
+    if legal is None:
+        first, end, _ = r.splits(device)
+        rows, split = ((first[:, None] <= SPLIT_INDEX) & (SPLIT_INDEX < end[:, None])).nonzero()
+        if not len(rows):
+            return None
+        t, til = t.take(rows, SPLIT_VALUES[split]), til.take(rows)
+    elif not np.count_nonzero(legal):
+        return None
+    else:
+        rows = slice(None)  # every layout
+    w = _wave_terms(device, t, til, r.k_blocks, til.wide is not None, legal is not None, False)
+    b_reads = r.b_reads[rows]
+    return _Skeleton(
+        lay,
+        t,
+        legal,
+        w,
+        lay.class_of[rows],
+        r.grid_n[rows],
+        lay.pair_n[rows],
+        b_reads,
+        b_reads * lay.pair_m[rows],
+        r.b_dram[rows],
+        {},
+    )
+
+
+class _Shape(NamedTuple):
+    """The fields of a `Problem` that `_rows` reads (a problem of a kind, N, K and M grain)."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    out_dtype: str
+    a_major: str
+    b_major: str
+    has_c: bool
 
 
 def _rejections(problem: Problem, device: DeviceSpec, s: _Search) -> list[Rejection]:
     """The layouts the rules removed, in the rules' order, each with the first rule that did."""
     out = []
     lay = s.layouts
+    # The pairs whose every split the single-wave rule removes, and the largest split of each.
+    single_wave = (lay.tiles.cluster_size > 1) & (s.first >= s.count)
+    largest_split = SPLIT_VALUES[s.count - 1]
     for i, (desc, tile) in enumerate(zip(lay.descriptions, lay.fields)):
         rule = lay.pre[i]
         if rule is None and tile["cluster_size"] > 1:
             if _nothing_to_share(problem, tile["block_m"], tile["block_n"], tile["multicast"] == "A"):
                 rule = _side_rule(tile["multicast"])
         rule = rule or lay.post[i]
-        if rule is None and s.single_wave[lay.row[i]]:
-            split = int(s.largest_split[lay.row[i]])
+        if rule is None and single_wave[lay.row[i]]:
+            split = int(largest_split[lay.row[i]])
             rule = single_wave_rule(problem, device, tile["block_m"], tile["block_n"], split, tile["multicast"])
         if rule is not None:
             out.append(Rejection(desc, rule))
@@ -936,13 +1446,19 @@ def _finish(t: Tiles, i: int, problem: Problem, device: DeviceSpec) -> KernelCon
     """Candidate `i` completed: its split, the raster order (`with_raster`) and the rows of A to load."""
     cfg, split_k = t.configs[t.origin[i]], int(t.split_k[i])
     raster = _raster(cfg, problem, device, int(t.b_box[i]), split_k)
-    return with_fields(cfg, split_k=split_k, a_rows=_a_rows(cfg, problem), **raster)
+    return _completed(cfg, split_k, _a_rows(cfg, problem), raster["raster"], raster["group_size"])
+
+
+@functools.lru_cache(maxsize=4096)
+def _completed(cfg: KernelConfig, split_k: int, a_rows: int, raster: str, group_size: int) -> KernelConfig:
+    """`cfg` with these fields (memoised: many problems end in the same config)."""
+    return with_fields(cfg, split_k=split_k, a_rows=a_rows, raster=raster, group_size=group_size)
 
 
 def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
     """The configuration the cost model ranks first (deterministic; heuristics.select memoises it)."""
-    s = _search(problem, device)
-    return _finish(s.candidates, _order(s.candidates, s.costs, 1)[0], problem, device)
+    t, best = _best(problem, device)
+    return _finish(t, best, problem, device)
 
 
 def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:

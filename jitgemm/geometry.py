@@ -66,12 +66,12 @@ def covered_extent(size, block, box):
     block, e.g. 3 x 64 for a block of 176) re-reads part of the neighbouring block.
     Elementwise over NumPy arrays too (`size` itself where no box is wider than its block).
     """
-    if np.all(box <= block):
+    if not np.count_nonzero(np.greater(box, block)):
         return size
     nblocks = ceil_div(size, block)
     # Blocks whose whole box is inside (j * block + box <= size) read `box`; block j of the
-    # others reads size - j * block.
-    full = np.where(size < box, 0, np.minimum(nblocks, (np.maximum(size - box, 0)) // block + 1))
+    # others reads size - j * block. (Where size < box, (size - box) // block + 1 <= 0.)
+    full = np.minimum(nblocks, np.maximum(0, (size - box) // block + 1))
     rest = nblocks - full
     clipped = rest * size - block * ((full + nblocks - 1) * rest // 2)
     total = np.where(box <= block, size, full * box + clipped)
@@ -144,13 +144,6 @@ def tile_order(num_m: int, num_n: int, raster: str, group: int, pair_along: str 
             yield ((cm, cn),)
 
 
-def _blocks(lo, hi, paired, num_blocks):
-    """Blocks of the cluster units lo..hi (empty when hi < lo): two per unit when `paired` (the
-    last one clipped to the last block, as `tile_order` reports a peer past the edge)."""
-    pairs = np.minimum(2 * hi + 1, num_blocks - 1) - 2 * lo + 1
-    return np.where(hi >= lo, np.where(paired, pairs, hi - lo + 1), 0)
-
-
 def raster_footprints(
     num_m: int,
     num_n: int,
@@ -167,52 +160,81 @@ def raster_footprints(
     A wave is `slots` consecutive cluster tiles of `tile_order` (the ones the persistent CTAs
     hold at once). Its working set is (distinct m blocks) * rows_per_m + (distinct n blocks) *
     cols_per_n; multiply by the bytes of one K slice to get bytes. Only the first `max_waves`
-    waves are counted. Counted in closed form, all waves at once: a wave's cluster units along
-    the grouped side are one interval, or two when it wraps inside one group; along the walked
-    side they are the columns (raster "m") of its first and last group, or all of them.
+    waves are counted. Counted in closed form, wave by wave (plain integer arithmetic: a few
+    waves of a few walks cost less so than as arrays): see `_walk_footprint`.
     """
     slots = max(1, slots)
     grid_m = ceil_div(num_m, 2) if pair_along == "m" else num_m
     grid_n = ceil_div(num_n, 2) if pair_along == "n" else num_n
     total = grid_m * grid_n
-    # One row per walk: "grouped" is the side the raster groups (m for raster "m"), "walked" the other.
-    by_m = np.array([[raster == "m"] for raster, _ in walks])
-    group = np.array([[g] for _, g in walks])
-    grouped, walked = np.where(by_m, grid_m, grid_n), np.where(by_m, grid_n, grid_m)
-    g_blocks, w_blocks = np.where(by_m, num_m, num_n), np.where(by_m, num_n, num_m)
-    g_paired = np.where(by_m, pair_along == "m", pair_along == "n")
-    w_paired = np.where(by_m, pair_along == "n", pair_along == "m")
-    start = np.arange(min(ceil_div(total, slots), max_waves)) * slots
-    last = np.minimum(start + slots, total) - 1  # the wave's last tile
-    per_group = group * walked
-    g0, g1 = start // per_group, last // per_group
-    r0 = np.minimum(group, grouped - g0 * group)  # rows (grouped units) of each end's group
-    r1 = np.minimum(group, grouped - g1 * group)
-    p0, p1 = start - g0 * per_group, last - g1 * per_group  # positions in those groups
-    one = g0 == g1
-    # Grouped side: units g0 * group + (p0 % r0) .. g1 * group + (p1 % r1), whole groups where a
-    # wave covers a group's every row; inside one group a short wave may wrap (two intervals).
-    span = p1 - p0 + 1
-    whole0 = np.where(one, span >= r0, r0 * walked - p0 >= r0)
-    whole1 = np.where(one, span >= r1, p1 + 1 >= r1)
-    lo = g0 * group + np.where(whole0, 0, p0 % r0)
-    hi = g1 * group + np.where(whole1, r1 - 1, p1 % r1)
-    wraps = one & ~whole0 & (p0 % r0 > p1 % r1)
-    hi_a = np.where(wraps, g0 * group + r0 - 1, hi)  # a wrapped wave: its group's end, then its start
-    lo_b, hi_b = g0 * group, np.where(wraps, hi, -1)
-    # Walked side: p // rows of the first and last positions; past one group, from the first's
-    # to the end and from 0 to the last's (everything when a whole group lies between).
-    c0, c1 = p0 // r0, p1 // r1
-    every = ~one & ((g1 - g0 >= 2) | (c1 >= c0 - 1))
-    split = ~one & ~every
-    wlo_a, whi_a = np.where(every, 0, c0), np.where(one, c1, walked - 1)
-    whi_b = np.where(split, c1, -1)  # from 0
-    grouped_blocks = _blocks(lo, hi_a, g_paired, g_blocks) + _blocks(lo_b, hi_b, g_paired, g_blocks)
-    walked_blocks = _blocks(wlo_a, whi_a, w_paired, w_blocks) + _blocks(0, whi_b, w_paired, w_blocks)
-    m_blocks = np.where(by_m, grouped_blocks, walked_blocks)
-    n_blocks = np.where(by_m, walked_blocks, grouped_blocks)
-    sizes = m_blocks * rows_per_m + n_blocks * cols_per_n
-    return sizes.sum(axis=1) / max(1, sizes.shape[1])
+    waves = min(ceil_div(total, slots), max_waves)
+    m_side = (grid_m, num_m, pair_along == "m", rows_per_m)  # (cluster units, blocks, paired, size)
+    n_side = (grid_n, num_n, pair_along == "n", cols_per_n)
+    out, done = [], {}
+    for raster, group in walks:
+        grouped, walked = (m_side, n_side) if raster == "m" else (n_side, m_side)
+        key = raster, min(group, grouped[0])  # groups of all the grouped units walk alike
+        if key not in done:
+            done[key] = _walk_footprint(grouped, walked, group, slots, total, waves) / max(1, waves)
+        out.append(done[key])
+    return np.array(out)
+
+
+def _walk_footprint(grouped: tuple, walked: tuple, group: int, slots: int, total: int, waves: int) -> int:
+    """The working sets of the first `waves` waves of one walk, summed (see `raster_footprints`).
+
+    `grouped` is the side the raster groups (m for raster "m") and `walked` the other, each
+    (cluster units, blocks, paired, rows or columns per block). Cluster unit t of the walk is in
+    group t // (group * walked units), at position p of it: grouped unit group * g + p % rows,
+    walked unit p // rows, where rows = the group's grouped units (the last group may have
+    fewer). A wave's units along the grouped side are one interval, or two when it wraps inside
+    one group; along the walked side they are the columns (raster "m") of its first and last
+    positions, or, past one group, from the first's to the end and from 0 to the last's (all of
+    them when a whole group lies between). Units are blocks, or pairs of blocks (the last one
+    clipped to the last block, as `tile_order` reports a peer past the edge).
+    """
+    g_units, g_blocks, g_paired, g_size = grouped
+    w_units, w_blocks, w_paired, w_size = walked
+    per_group = group * w_units
+    last_block = g_blocks - 1
+    acc = 0
+    for start in range(0, waves * slots, slots):
+        last = min(start + slots, total) - 1
+        g0, g1 = start // per_group, last // per_group
+        p0, p1 = start - g0 * per_group, last - g1 * per_group
+        base0 = g0 * group
+        r0 = min(group, g_units - base0)  # grouped units of the first position's group
+        c0 = p0 // r0
+        # Grouped side: the units lo..hi, and lo2..hi2 when the wave wraps inside a group (else
+        # none: lo2 > hi2).
+        lo2, hi2 = 0, -1
+        if g0 == g1:
+            c1 = p1 // r0
+            if p1 - p0 + 1 >= r0:
+                lo, hi = base0, base0 + r0 - 1
+            else:
+                lo, hi = base0 + p0 - c0 * r0, base0 + p1 - c1 * r0
+                if lo > hi:  # wraps: to the group's end, then from its start
+                    lo2, hi2, hi = base0, hi, base0 + r0 - 1
+            walked_n = (min(2 * c1 + 1, w_blocks - 1) - 2 * c0 + 1) if w_paired else c1 - c0 + 1  # columns c0..c1
+        else:
+            base1 = g1 * group
+            r1 = min(group, g_units - base1)
+            c1 = p1 // r1
+            lo = base0 if r0 * w_units - p0 >= r0 else base0 + p0 - c0 * r0
+            hi = base1 + r1 - 1 if p1 + 1 >= r1 else base1 + p1 - c1 * r1
+            if g1 - g0 >= 2 or c1 >= c0 - 1:
+                walked_n = w_blocks  # every column
+            elif w_paired:  # columns c0.. and ..c1
+                walked_n = (w_blocks - 1 - 2 * c0 + 1) + (min(2 * c1 + 1, w_blocks - 1) + 1)
+            else:
+                walked_n = (w_units - c0) + (c1 + 1)
+        if g_paired:
+            grouped_n = min(2 * hi + 1, last_block) - 2 * lo + min(2 * hi2 + 1, last_block) - 2 * lo2 + 2
+        else:
+            grouped_n = hi - lo + hi2 - lo2 + 2
+        acc += grouped_n * g_size + walked_n * w_size
+    return acc
 
 
 def raster_footprint(

@@ -1,0 +1,134 @@
+"""Latency of `heuristics.select` (sm_90a, 132 SMs) for problems never seen, on the CPU.
+
+Two problem sets, each after the first problem of every kind has built that kind's tables:
+
+- "random": the 250 random problems of tests/test_selection.py (random M, N, K, dtypes,
+  majors, C), after one problem of each kind (dtypes, majors, C) of a first random set;
+- "fixed weight": random token counts M (log-uniform in 1..16384) for a handful of fixed
+  weights (N, K, dtypes, majors, C), as a server sees them, after one M of each weight;
+- "small M": every token count of 1..128 for the same weights (decode and small batches).
+
+Each pass starts afresh but for the per-kind tables: it clears select's memo of answers and
+every memo of a problem's parts (`problem_memos`: what a problem's N, K or M grain make of a
+kind's layouts, the raster walks, the finished configs), runs the first problem of each kind
+(or weight) again, then times every problem once, in a shuffled order, each with the memos
+the problems before it left (as a server's would be). Prints the median, p90 and max of each
+pass, in microseconds, and with --json the per-problem times of every pass.
+
+    PYTHONPATH=. python examples/select_latency.py --passes 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+from jitgemm import geometry, heuristics
+from jitgemm.heuristics import DeviceSpec, sm90
+from jitgemm.problem import LAYOUTS, Problem
+
+H200 = DeviceSpec("sm_90a", 132)
+
+WEIGHTS = (  # (N, K, dtype, out_dtype, a_major, b_major, has_c)
+    (4096, 4096, "bf16", None, "K", "K", False),
+    (14336, 4096, "bf16", None, "K", "K", False),
+    (4096, 14336, "bf16", None, "K", "K", False),
+    (2112, 7168, "bf16", None, "K", "N", False),
+    (577, 4097, "fp16", "fp32", "M", "N", True),
+    (24576, 1536, "bf16", None, "K", "K", True),
+)
+
+
+def random_problems(seed: int, count: int) -> list[Problem]:
+    """tests/test_selection.py's random problems."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        m, n, k = (int(round(2 ** rng.uniform(lo, 14 if lo == 0 else 15))) for lo in (0, 6, 6))
+        n = -(-n // 8) * 8 if rng.random() < 0.5 else n
+        k = -(-k // 8) * 8 if rng.random() < 0.5 else k
+        a_major, b_major = LAYOUTS[rng.choice(sorted(LAYOUTS))]
+        out.append(
+            Problem(
+                m,
+                n,
+                k,
+                dtype=rng.choice(["bf16", "fp16"]),
+                out_dtype=rng.choice([None, None, "fp32"]),
+                a_major=a_major,
+                b_major=b_major,
+                has_c=rng.random() < 0.3,
+            )
+        )
+    return out
+
+
+def problem_memos() -> list:
+    """The memos of a problem's parts (not of a kind's layouts), in whichever of them this tree has."""
+    names = ("_skeleton", "_by_n", "_completed", "_last_partial_rows")
+    return [heuristics.select, geometry.choose_raster] + [getattr(sm90, n) for n in names if hasattr(sm90, n)]
+
+
+def problem_sets(per_weight: int) -> dict[str, tuple[list[Problem], list[Problem]]]:
+    """{name: (warm-up problems, fresh problems)}."""
+    kinds: dict = {}
+    for p in random_problems(7, 400):
+        kinds.setdefault((p.dtype, p.out_dtype, p.a_major, p.b_major, p.has_c), p)
+    warm = list(kinds.values())
+    fresh = [p for p in random_problems(8, 250) if p not in warm]
+    rng = random.Random(9)
+    weights_warm = [Problem(1000, *w) for w in WEIGHTS]
+    weights = []
+    for w in WEIGHTS:
+        ms = set()
+        while len(ms) < per_weight:
+            m = int(round(2 ** rng.uniform(0, 14)))
+            if m != 1000:
+                ms.add(m)
+        weights += [Problem(m, *w) for m in sorted(ms)]
+    small = [Problem(m, *w) for w in WEIGHTS for m in range(1, 129) if m != 1000]
+    return {"random": (warm, fresh), "fixed weight": (weights_warm, weights), "small M": (weights_warm, small)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--passes", type=int, default=5)
+    ap.add_argument("--per-weight", type=int, default=50, help="token counts per fixed weight")
+    ap.add_argument("--json", help="write the per-problem times (us) here")
+    args = ap.parse_args()
+    sets = problem_sets(args.per_weight)
+    rng = random.Random(10)
+    record = {}
+    for name, (warm, fresh) in sets.items():
+        for p in warm:
+            heuristics.select(p, H200)
+        rows = []
+        for _ in range(args.passes):
+            for memo in problem_memos():
+                memo.cache_clear()
+            for p in warm:
+                heuristics.select(p, H200)
+            order = list(fresh)
+            rng.shuffle(order)
+            times = {}
+            for p in order:
+                start = time.perf_counter()
+                heuristics.select(p, H200)
+                times[p] = (time.perf_counter() - start) * 1e6
+            t = sorted(times.values())
+            rows.append([times[p] for p in fresh])
+            print(
+                f"{name:>12}: {len(t)} problems, median {statistics.median(t):6.0f} us, "
+                f"p90 {t[int(0.9 * len(t))]:6.0f} us, max {t[-1]:6.0f} us"
+            )
+        record[name] = {"problems": [p.describe() for p in fresh], "times_us": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f)
+
+
+if __name__ == "__main__":
+    main()
