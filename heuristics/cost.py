@@ -2,9 +2,10 @@
 from (each arch's `cost_of` combines them with its own terms):
 
 - rates under load: `mma_rate` (the tensor-core rate with the clock credit of a partly busy chip),
-  `dram_stream_clk` (a CTA's time per stage streaming from DRAM: latency over the stages in flight,
-  `dram_latency_clk`, plus its share of the read bandwidth), `dram_run_efficiency` (DRAM
-  efficiency of the contiguous runs TMA boxes read);
+  `dram_latency_clk` (the loaded DRAM round trip over the stages in flight: with its share of
+  the read bandwidth in series, a CTA's time per stage streaming from DRAM, which sm_90a's
+  per-wave terms add up), `dram_run_efficiency` (DRAM efficiency of the contiguous runs TMA
+  boxes read);
 - `Traffic` (what a whole tiling reads, as each arch's `traffic` counts it), `output_bytes`;
 - per-k-block and per-wave times: `kblock_terms` (with `tile_flops` and `tma_latency_clk`),
   `wave_terms`, `slowest` (the bound);
@@ -32,18 +33,6 @@ def dram_latency_clk(rates: ArchRates, stages: int) -> float:
     in flight (`dram_latency_clk / (stages - 1)`: a CTA streaming alone is latency bound, so its
     rate is its bytes in flight over the latency)."""
     return rates.dram_latency_clk / np.maximum(1, stages - 1)
-
-
-def dram_stream_clk(rates: ArchRates, latency_clk: float, bytes_per_stage: float, active: int) -> float:
-    """Clock cycles one CTA spends per pipeline stage (k-block) streaming `bytes_per_stage` (> 0)
-    from DRAM while `active` CTAs stream.
-
-    Two times in series: the loaded DRAM round trip over the stages in flight (`latency_clk`,
-    see `dram_latency_clk`), and the CTA's share of the read bandwidth (`active * bytes /
-    dram_read_bytes_per_clk`: the queueing behind the other streams). More streaming CTAs get
-    more of the bandwidth, deeper pipelines more per CTA.
-    """
-    return latency_clk + np.maximum(1, active) * bytes_per_stage / rates.dram_read_bytes_per_clk
 
 
 def mma_rate(rates: ArchRates, num_sms: int, busy_ctas: int) -> float:

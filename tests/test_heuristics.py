@@ -756,20 +756,11 @@ def test_cost_model_reads_b_padding_from_the_layout():
     assert sm90.b_box_of(KernelConfig(block_n=176, b_major="K")) == 176
 
 
-def test_dram_stream_and_clock_credit():
+def test_dram_latency_and_run_efficiency():
     r = H200.rates
-    stage = 16384
-    latency = cost.dram_latency_clk(r, 8)
-    per_cta = [stage / cost.dram_stream_clk(r, latency, stage, a) for a in (1, 16, 64, 112, 128, 132)]
-    chip = [a * stage / cost.dram_stream_clk(r, latency, stage, a) for a in (1, 16, 64, 112, 128, 132)]
-    assert per_cta == sorted(per_cta, reverse=True)  # each CTA gets less ...
-    assert chip == sorted(chip)  # ... but the chip gets more
-    assert chip[-1] < r.dram_read_bytes_per_clk  # never more than the read bandwidth
-    # a CTA alone is latency bound: its bytes in flight over the DRAM latency
-    assert per_cta[0] == pytest.approx(7 * stage / (r.dram_latency_clk + 7 * stage / r.dram_read_bytes_per_clk))
-    # deeper pipelines stream more per CTA
-    deep, shallow = cost.dram_latency_clk(r, 13), cost.dram_latency_clk(r, 6)
-    assert cost.dram_stream_clk(r, deep, stage, 64) < cost.dram_stream_clk(r, shallow, stage, 64)
+    # a CTA alone is latency bound: the round trip over the stages in flight
+    assert cost.dram_latency_clk(r, 8) == r.dram_latency_clk / 7
+    assert cost.dram_latency_clk(r, 13) < cost.dram_latency_clk(r, 6)  # deeper pipelines cover more
     # runs: a box row; 32-, 64-, 128-byte pieces stream at 67%, 80%, 89%
     assert [round(cost.dram_run_efficiency(r, b), 2) for b in (32, 64, 128)] == [0.67, 0.8, 0.89]
     assert sm90.dram_runs(Problem(1, 576, 7168), KernelConfig(block_m=64, block_n=48, num_consumers=1)) == (128, 32)
