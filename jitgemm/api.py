@@ -282,8 +282,9 @@ class _Kernel:
         stage = None
         if staged != (None, None):
             stage = staging.StageLaunch(staging.kernel(self.cfg.arch, self.dev), staged, self.stream)
-        kernel_views = [view if op is None else op.kernel_view(view) for view, op in zip((va, vb), staged)]
-        maps = self.arch.tensor_maps(self.problem, self.lay, *kernel_views, vd, vc)
+        # a staged operand's maps read its rows in the workspace
+        a_rows, b_rows = (view if op is None else op.kernel_view(view) for view, op in zip((va, vb), staged))
+        maps = self.arch.tensor_maps(self.problem, self.lay, a_rows, b_rows, vd, vc)
         outputs: tuple = ()
         if self.cfg.out_direct:
             outputs = (vd.ptr, vd.leading_stride_bytes(1))
