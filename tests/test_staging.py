@@ -12,6 +12,7 @@ import pytest
 
 from jitgemm import compiler, staging
 from jitgemm.arrays import View
+from jitgemm.render import TEMPLATES
 from jitgemm.sass import find_tool, inspect_cubin
 
 needs_cuobjdump = pytest.mark.skipif(find_tool("cuobjdump") is None, reason="needs cuobjdump (nvidia wheels)")
@@ -61,7 +62,7 @@ def _kernel_params(cubin: bytes) -> list:
 @needs_cuobjdump
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_the_kernel_takes_the_packed_copies_and_does_not_spill(arch):
-    source = (Path(staging.__file__).parent.parent / "templates/common/stage_operands.cuh").read_text()
+    source = (TEMPLATES / "common/stage_operands.cuh").read_text()
     cubin = compiler.compile_cubin(source, arch, name="stage.cu").cubin
     copies = (staging._StageCopy * 2)()
     assert _kernel_params(cubin) == [(0, 0, ctypes.sizeof(copies))]
