@@ -71,7 +71,7 @@ def check_config(config: KernelConfig, problem: Problem, device: DeviceSpec) -> 
     if config.arch != device.arch:
         # The arch rules of the config would not apply to this device at all.
         return field_mismatches(config, problem, device)
-    checker = getattr(_arch_module(device.arch), "check_config", None)
+    checker = getattr(registry.get(device.arch).checks, "check_config", None)
     if checker is None:  # an arch module without its own checks: the common ones
         return field_mismatches(config, problem, device)
     return checker(config, problem, device)

@@ -49,7 +49,6 @@ import numpy as np
 from jitgemm import geometry
 from jitgemm.archs.sm90.layout import (
     SMEM_CAPACITY,
-    WGMMA_M,
     KernelLayout,
     layout_of,
     pair_along,
@@ -74,25 +73,12 @@ from .cost import (
     tma_latency_clk,
 )
 from .device import ArchRates, DeviceSpec, arch_rates
-from .rules import MIN_STAGES, config_problems, with_fields
+from .rules import MIN_STAGES, with_fields
 from .search import Candidate, Rejection, describe_layout, explanation, report_terms, screen
+from .sm90_checks import ACC_REG_LIMIT, SPLITK_ACC_REG_LIMIT, acc_regs, num_consumers_for
 
 ARCH = "sm_90a"
 RATES = arch_rates(ARCH)  # heuristics/calibration/sm_90a-132.json, measured on the H200 (RATES.md)
-
-# Register split of the template (setmaxnreg in templates/sm90/gemm.cu.j2). The math
-# warpgroups can only take what the producer gives back: with two, producer + 2 x math must
-# not exceed 3 x the LAUNCH_REGS a thread of 384 starts with (setmaxnreg.inc waits forever
-# otherwise).
-PRODUCER_REGS = 40
-CONSUMER_REGS = 232
-LAUNCH_REGS = 168  # per thread of a 384-thread CTA: 65536 / 384, in units of 8
-REGISTER_FILE = 65536  # 32-bit registers per SM
-ACC_REG_LIMIT = 128  # fp32 accumulators per math thread that still leave room (no spills)
-WIDE_ACC_REG_LIMIT = 192  # ... with one m64 atom per math warpgroup (NVRTC, sm_90a: m128n384
-# and m128n336 with a B tail compile without spills; m256n192, two
-# atoms with an M-major A, spills)
-THREADS_PER_WARPGROUP = 128
 
 BLOCK_MS = (64, 128, 256)
 # Tiles the cost model ranks: up to 256 wide. Wider ones (two wgmmas per atom, the output staged
@@ -112,8 +98,6 @@ CLUSTERS = ((1, "none"), (2, "A"), (2, "B"))
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 SPLIT_VALUES = np.asarray(SPLITS)
 MIN_KB_PER_SPLIT = 4  # keep >= 4 K blocks per split: shorter ones do not amortise the fix-up
-SPLITK_ACC_REG_LIMIT = 96  # split 0 holds its accumulators and a whole split of partials in
-# registers: m128n224 (112 accumulators) split 2 spills (NVRTC, sm_90a)
 
 # Fixed per-tile costs of the epilogue, clock cycles.
 EPILOGUE_FIXED_CLK = 400  # drain the last wgmma, barriers, issue the TMA stores
@@ -136,59 +120,6 @@ PARTIAL_BYTES = 4  # fp32 partial sums
 # 16.7 unsplit, 64x4096x7168 19.2 against 17.8, while 128x2112x7168 m128n64 split 3 (13.9)
 # beats the unsplit m64n64 (16.2).
 SPLITK_LAUNCH_CLK = 1500
-
-
-def num_consumers_for(block_m: int) -> int:
-    """Math warpgroups: one for block_m <= 64, two above (each owns block_m / 2 rows)."""
-    return 1 + (block_m > 64)  # (an int for an int, elementwise over arrays)
-
-
-def acc_regs(block_m: int, block_n: int, num_consumers: int) -> int:
-    """fp32 accumulator registers per math thread: (rows per warpgroup / 64) * block_n / 2."""
-    return (block_m // num_consumers // WGMMA_M) * (block_n // 2)
-
-
-def register_budget(num_consumers: int) -> int:
-    """Registers the CTA holds after setmaxnreg: producer warpgroup + math warpgroups."""
-    return THREADS_PER_WARPGROUP * (PRODUCER_REGS + num_consumers * CONSUMER_REGS)
-
-
-# ----------------------------------------------------------------------------- rules
-
-
-def _acc_regs_of(cfg: KernelConfig) -> int:
-    """`acc_regs` of a config (0 when block_m does not split into the math warpgroups' atoms)."""
-    return (
-        acc_regs(cfg.block_m, cfg.block_n, cfg.num_consumers) if cfg.block_m % (WGMMA_M * cfg.num_consumers) == 0 else 0
-    )
-
-
-def acc_reg_limit(block_m: int, num_consumers: int) -> int:
-    """Most fp32 accumulators per math thread that compile without spills."""
-    return WIDE_ACC_REG_LIMIT if block_m // num_consumers == WGMMA_M else ACC_REG_LIMIT
-
-
-def _register_problems(cfg: KernelConfig) -> list[str]:
-    out = []
-    regs = _acc_regs_of(cfg)
-    limit = acc_reg_limit(cfg.block_m, cfg.num_consumers)
-    if regs > limit:
-        out.append(
-            f"{regs} fp32 accumulator registers per math thread (block_m={cfg.block_m} over "
-            f"{cfg.num_consumers} warpgroup(s) x block_n={cfg.block_n}) exceed {limit} "
-            f"of the {CONSUMER_REGS} a math thread gets: it would spill"
-        )
-    budget = register_budget(cfg.num_consumers)
-    if budget > REGISTER_FILE:
-        out.append(f"the register split needs {budget} registers, more than the {REGISTER_FILE} of an SM")
-    return out
-
-
-def check_config(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
-    """Why `cfg` cannot run `problem` on `device` (sm_90a), in words; empty when it can."""
-    return config_problems(cfg, problem, device, structural_problems, layout_of, _register_problems) or split_problems(
-        cfg, problem, device
-    )
 
 
 def _pre_rule(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, cluster: int) -> str | None:
@@ -216,22 +147,6 @@ def _nothing_to_share(problem: Problem, block_m, block_n, shares_a):
 
 def _side_rule(multicast: str) -> str:
     return f"no multicast {multicast}: only one {'n' if multicast == 'A' else 'm'} block, nothing to share"
-
-
-def split_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
-    """Why `cfg`'s split-K cannot run `problem`, in words: the split that reduces a tile holds a
-    batch of partials in registers besides its accumulators. (Any number of work units can run:
-    no split waits for one that has not started; the heuristics keep split-K to one wave, see
-    `split_choices`, because that is where it pays.)"""
-    if cfg.split_k == 1:
-        return []
-    regs = _acc_regs_of(cfg)
-    if regs > SPLITK_ACC_REG_LIMIT:
-        return [
-            f"split_k={cfg.split_k} with {regs} accumulators per math thread: the split-K reducer "
-            f"needs <= {SPLITK_ACC_REG_LIMIT} (it holds a split of partials in registers too)"
-        ]
-    return []
 
 
 SHARED_WAVE_M_BLOCKS = 16

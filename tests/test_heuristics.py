@@ -16,7 +16,18 @@ from jitgemm import geometry, heuristics
 from jitgemm import geometry as tiles
 from jitgemm.archs.sm90.layout import layout_of, pair_along, structural_problems
 from jitgemm.config import KernelConfig
-from jitgemm.heuristics import DeviceSpec, check_config, config_from_env, cost, explain, rules, search, select, sm90
+from jitgemm.heuristics import (
+    DeviceSpec,
+    check_config,
+    config_from_env,
+    cost,
+    explain,
+    rules,
+    search,
+    select,
+    sm90,
+    sm90_checks,
+)
 from jitgemm.problem import LAYOUTS, Problem
 from jitgemm.render import render
 
@@ -425,7 +436,7 @@ def _measured_cost(shape, tile):
         H200,
         block_m=block_m,
         block_n=block_n,
-        num_consumers=sm90.num_consumers_for(block_m),
+        num_consumers=sm90_checks.num_consumers_for(block_m),
         cluster_size=cluster,
         multicast=multicast,
     )
@@ -590,10 +601,10 @@ def test_every_selected_config_is_sound(device):
             units = sm90.cluster_tiles_of(p, cfg.block_m, cfg.block_n, cfg.multicast) * cfg.split_k
             assert units <= device.num_sms // cfg.cluster_size, where
         # register budget: 64K per SM after setmaxnreg, accumulators that do not spill
-        assert sm90.register_budget(cfg.num_consumers) <= 65536, where
-        assert lay.acc_regs <= sm90.ACC_REG_LIMIT, where
+        assert sm90_checks.register_budget(cfg.num_consumers) <= 65536, where
+        assert lay.acc_regs <= sm90_checks.ACC_REG_LIMIT, where
         if cfg.split_k > 1:  # the fix-up needs registers of its own
-            assert lay.acc_regs <= sm90.SPLITK_ACC_REG_LIMIT, where
+            assert lay.acc_regs <= sm90_checks.SPLITK_ACC_REG_LIMIT, where
         # consumer rule and DeepGEMM's block_m 256 rule
         assert cfg.num_consumers == (1 if cfg.block_m <= 64 else 2), where
         if cfg.block_m == 256:
@@ -1367,11 +1378,11 @@ def test_register_split_matches_the_template():
     from importlib import resources
 
     src = resources.files("jitgemm.templates").joinpath("sm90/gemm.cu.j2").read_text()
-    assert f"setmaxnreg_dec<{sm90.PRODUCER_REGS}>" in src
-    assert f"setmaxnreg_inc<{sm90.CONSUMER_REGS}>" in src
+    assert f"setmaxnreg_dec<{sm90_checks.PRODUCER_REGS}>" in src
+    assert f"setmaxnreg_inc<{sm90_checks.CONSUMER_REGS}>" in src
     # the math warpgroups take only what the producer gives back
-    assert sm90.PRODUCER_REGS + 2 * sm90.CONSUMER_REGS <= 3 * sm90.LAUNCH_REGS
-    assert sm90.LAUNCH_REGS == sm90.REGISTER_FILE // 384 // 8 * 8
+    assert sm90_checks.PRODUCER_REGS + 2 * sm90_checks.CONSUMER_REGS <= 3 * sm90_checks.LAUNCH_REGS
+    assert sm90_checks.LAUNCH_REGS == sm90_checks.REGISTER_FILE // 384 // 8 * 8
 
 
 def test_decode_tiles_load_only_the_rows_of_a_that_exist():

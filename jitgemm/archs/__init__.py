@@ -23,7 +23,8 @@ class Arch(Protocol):
     default_num_sms: int  # what the CLI plans for without a GPU
     verified_on_hardware: bool  # False: compiled and SASS-checked only
     waits_for_previous_grid: bool  # kernels call griddepcontrol.wait (programmatic dependent launch)
-    rules: ModuleType  # heuristics: select, explain, check_config, config_with_fields
+    rules: ModuleType  # heuristics: select, explain, config_with_fields, the cost model (imported on first use)
+    checks: ModuleType  # check_config: whether a config can run a problem (light to import)
     smem_capacity: int  # dynamic shared memory one CTA may opt into (bytes)
 
     def layout_of(self, cfg: KernelConfig):

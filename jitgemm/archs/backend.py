@@ -3,6 +3,7 @@ work units, and the tensor maps of A, B, D and C in the kernels' common paramete
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
 from .. import geometry
@@ -14,9 +15,17 @@ from . import tma
 class Backend:
     layout: ModuleType  # layout_of, structural_problems, pair_along, KernelLayout
     renderer: ModuleType  # render
+    rules_module: str  # the heuristics' cost model: select, explain, config_with_fields, RATES
+    checks: ModuleType  # check_config: whether a config can run a problem
     # Whether the kernels can store D (and read C) with st.global where TMA cannot address the
     # output's rows (KernelConfig.out_direct); otherwise such outputs go through aligned copies.
     direct_epilogue = False
+
+    @property
+    def rules(self) -> ModuleType:
+        """The cost model, imported on first use as the registry imports backends: a config
+        from the caller, the dispatch table or the tuning file needs only `checks`."""
+        return importlib.import_module(self.rules_module)
 
     @property
     def smem_capacity(self) -> int:

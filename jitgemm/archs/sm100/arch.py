@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...heuristics import sm100 as rules
+from ...heuristics import sm100
 from ..backend import Backend
 from . import layout, render
 
@@ -13,7 +13,8 @@ class Sm100(Backend):
     default_num_sms = 148
     verified_on_hardware = False
     waits_for_previous_grid = False
-    rules = rules
+    rules_module = "jitgemm.heuristics.sm100"
+    checks = sm100  # check_config lives beside the cost model
     layout = layout
     renderer = render
 

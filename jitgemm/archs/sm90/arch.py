@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...heuristics import sm90 as rules
+from ...heuristics import sm90_checks
 from ...problem import Problem
 from .. import tma
 from ..backend import Backend
@@ -16,7 +16,8 @@ class Sm90(Backend):
     verified_on_hardware = True
     waits_for_previous_grid = True
     direct_epilogue = True
-    rules = rules
+    rules_module = "jitgemm.heuristics.sm90"
+    checks = sm90_checks
     layout = layout
     renderer = render
 
