@@ -1,7 +1,7 @@
 """Do two commits select the same configs? `heuristics.select` (and `explain`, as JSON) of the
 same problems, by this checkout and by a git ref, compared field for field.
 
-Problems (sm_90a, 132 SMs, unless said): `--count` random ones as tests/test_selection.py draws
+Problems (sm_90a, 132 SMs, unless said): `--count` random ones as select_latency.random_problems draws
 them (M log-uniform in 1..16384, N and K in 64..32768, half of N and K not multiples of 8,
 every layout, both dtypes, fp32 outputs, C), every M of 1..`--dense` for a few fixed weights (in a shuffled order),
 the 480 problems of tests/data/recorded_choices.json (both archs), and `explain` (top 5) of
@@ -33,25 +33,11 @@ DENSE_WEIGHTS = (  # (N, K, dtype, out_dtype, a_major, b_major, has_c)
 )
 
 
-def random_rows(seed: int, count: int) -> list[tuple]:
-    """tests/test_selection.py's random problems, as Problem arguments."""
-    from jitgemm.problem import LAYOUTS
-
-    rng = random.Random(seed)
-    out = []
-    for _ in range(count):
-        m, n, k = (int(round(2 ** rng.uniform(lo, 14 if lo == 0 else 15))) for lo in (0, 6, 6))
-        n = -(-n // 8) * 8 if rng.random() < 0.5 else n
-        k = -(-k // 8) * 8 if rng.random() < 0.5 else k
-        a_major, b_major = LAYOUTS[rng.choice(sorted(LAYOUTS))]
-        dtype = rng.choice(["bf16", "fp16"])
-        out_dtype = rng.choice([None, None, "fp32"])
-        out.append((m, n, k, dtype, out_dtype, a_major, b_major, rng.random() < 0.3))
-    return out
-
-
 def dump(count: int, dense: int, explain_every: int, seed: int) -> dict:
     """{key: answer} of the tree on sys.path."""
+    # this tree's jitgemm: imported here, in the process of --dump
+    from select_latency import random_problems
+
     from jitgemm import heuristics
     from jitgemm.heuristics import DeviceSpec
     from jitgemm.problem import Problem
@@ -65,8 +51,7 @@ def dump(count: int, dense: int, explain_every: int, seed: int) -> dict:
         except ValueError as exc:
             return f"ValueError: {exc}"
 
-    for i, args in enumerate(random_rows(seed, count)):
-        p = Problem(*args)
+    for i, p in enumerate(random_problems(seed, count)):
         out[f"random {p.describe()}"] = answer(p, h200)
         if explain_every and i % explain_every == 0:
             out[f"explain {p.describe()}"] = json.dumps(heuristics.explain(p, h200, top=5), sort_keys=True)

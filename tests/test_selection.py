@@ -8,39 +8,18 @@ import time
 from pathlib import Path
 
 import pytest
+from example_scripts import load_example
 
 from jitgemm import geometry, heuristics
 from jitgemm.heuristics import DeviceSpec, sm90
-from jitgemm.problem import LAYOUTS, Problem
+from jitgemm.problem import Problem
 
 H200 = DeviceSpec("sm_90a", 132)
 RECORDED = Path(__file__).parent / "data" / "recorded_choices.json"
 RECORDED_DENSE = Path(__file__).parent / "data" / "recorded_dense_choices.json"
 
 
-def random_problems(seed: int, count: int) -> list[Problem]:
-    """Log-uniform M in [1, 16384], N and K in [64, 32768], half of N and K not multiples of 8,
-    every layout, both dtypes, an fp32 output a third of the time, C 30% of the time."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(count):
-        m, n, k = (int(round(2 ** rng.uniform(lo, 14 if lo == 0 else 15))) for lo in (0, 6, 6))
-        n = -(-n // 8) * 8 if rng.random() < 0.5 else n
-        k = -(-k // 8) * 8 if rng.random() < 0.5 else k
-        a_major, b_major = LAYOUTS[rng.choice(sorted(LAYOUTS))]
-        out.append(
-            Problem(
-                m,
-                n,
-                k,
-                dtype=rng.choice(["bf16", "fp16"]),
-                out_dtype=rng.choice([None, None, "fp32"]),
-                a_major=a_major,
-                b_major=b_major,
-                has_c=rng.random() < 0.3,
-            )
-        )
-    return out
+random_problems = load_example("select_latency").random_problems  # the problems it times
 
 
 def test_choices_match_the_recorded_ones():
