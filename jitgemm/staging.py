@@ -23,7 +23,6 @@ KERNEL_NAME = "jitgemm_stage_operands"
 THREADS = 256  # the kernel's __launch_bounds__
 ITEMSIZE = 2  # the kernel copies 16-bit elements
 UNIT_ELEMENTS = TMA_ALIGN // ITEMSIZE
-MAX_GRID_Y = 65535
 BLOCKS_PER_OPERAND = 2048  # about 2 waves of the kernel's blocks on an H200: rows loop in a block
 # Where a staged operand's tensor map points until a launch gives it its workspace region.
 PLACEHOLDER_ADDRESS = 1 << 40
@@ -74,6 +73,8 @@ class _StageCopy(ctypes.Structure):
         ("src_outer", ctypes.c_longlong),
         ("src_inner", ctypes.c_longlong),
         ("pitch_units", ctypes.c_longlong),
+        ("blocks", ctypes.c_longlong),
+        ("across", ctypes.c_longlong),
     ]
 
 
@@ -91,14 +92,10 @@ class StageLaunch:
             if op is not None:
                 copy.outer, copy.inner, copy.src_outer, copy.src_inner = op.outer, op.inner, op.src_outer, op.src_inner
                 copy.pitch_units = op.pitch // UNIT_ELEMENTS
-        widest = max(copy.pitch_units for copy in self.copies)
-        tallest = max(copy.outer for copy in self.copies)
+                copy.across, copy.blocks = operand_grid(copy.outer, copy.pitch_units)
         self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.copies))
         self.address = ctypes.addressof(self.params)
-        # the units of a row over x, rows over y, the operand over z
-        across = -(-widest // THREADS)
-        down = min(tallest, MAX_GRID_Y, max(1, BLOCKS_PER_OPERAND // across))
-        self.config = runtime.launch_config(kernel, (across, down, 2), stream)
+        self.config = runtime.launch_config(kernel, sum(copy.blocks for copy in self.copies), stream)
 
     def launch(self, src_a: int, dst_a: int, src_b: int, dst_b: int) -> None:
         a, b = self.copies
@@ -106,6 +103,17 @@ class StageLaunch:
         err = runtime.driver.cuLaunchKernelEx(self.config, self.kernel.function, self.address, 0)[0]
         if err != runtime.driver.CUresult.CUDA_SUCCESS:
             runtime.check((err,), f"cuLaunchKernelEx({KERNEL_NAME})")
+
+
+def operand_grid(outer: int, pitch_units: int) -> tuple:
+    """(blocks per row group, blocks) of one operand's part of the grid: a row's units over
+    min(pitch_units, THREADS) threads (several rows at once in a block for narrow rows), row
+    groups over up to BLOCKS_PER_OPERAND blocks, each block striding over the rest."""
+    lanes = min(pitch_units, THREADS)
+    across = -(-pitch_units // lanes)
+    row_groups = -(-outer // (THREADS // lanes))
+    down = min(row_groups, max(1, BLOCKS_PER_OPERAND // across))
+    return across, across * down
 
 
 _loaded: dict = {}  # (arch, device ordinal) -> LoadedKernel

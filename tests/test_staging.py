@@ -72,18 +72,48 @@ def test_the_kernel_takes_the_packed_copies_and_does_not_spill(arch):
     assert "STG.E.128" in report.sass and "LDG.E.128" in report.sass
 
 
-def test_the_launch_packs_one_parameter_and_covers_every_row_and_unit():
+def test_the_launch_packs_one_parameter_with_each_operands_grid():
     from jitgemm import runtime
 
     kernel = runtime.LoadedKernel(None, None, staging.KERNEL_NAME, 0, staging.THREADS, 1, True)
-    a = staging.staged_operand(view((100_000, 1001), (1001, 1)), 1)
-    b = staging.staged_operand(view((1001, 257), (1, 1001)), 0)
+    a = staging.staged_operand(view((1, 19143), (19143, 1)), 1)  # one wide row
+    b = staging.staged_operand(view((19143, 70), (70, 1)), 1)  # tall and narrow
     launch = staging.StageLaunch(kernel, (a, b), 7)
     assert len(launch.params) == 1 and launch.params[0] == ctypes.addressof(launch.copies)
     packed = [(c.outer, c.inner, c.src_outer, c.src_inner, c.pitch_units) for c in launch.copies]
-    assert packed == [(100_000, 1001, 1001, 1, 126), (257, 1001, 1001, 1, 126)]
+    assert packed == [(1, 19143, 19143, 1, 2393), (19143, 70, 70, 1, 9)]
+    grids = [(c.across, c.blocks) for c in launch.copies]
+    assert grids == [(10, 10), (1, 684)]  # B: 28 rows at once per block, 684 blocks: no row walked alone
     cfg = launch.config
-    assert cfg.blockDimX == staging.THREADS and cfg.gridDimZ == 2
-    assert cfg.gridDimX * staging.THREADS >= 126 and 1 <= cfg.gridDimY <= min(100_000, staging.MAX_GRID_Y)
-    launch_a_only = staging.StageLaunch(kernel, (a, None), 7)
-    assert launch_a_only.copies[1].outer == 0  # B's blocks have no rows
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX) == (694, 1, 1, staging.THREADS)
+    assert staging.StageLaunch(kernel, (a, None), 7).copies[1].blocks == 0  # no blocks for B
+
+
+def _emulated(outer: int, pitch_units: int) -> list:
+    """The (row, unit) each thread of the kernel writes, by its index arithmetic."""
+    across, blocks = staging.operand_grid(outer, pitch_units)
+    threads = staging.THREADS
+    lanes = min(pitch_units, threads)
+    rows_at_once = threads // lanes
+    written = []
+    for block in range(blocks):
+        for t in range(rows_at_once * lanes):
+            row = block // across * rows_at_once + t // lanes
+            while row < outer:
+                unit = block % across * lanes + t % lanes
+                while unit < pitch_units:
+                    written.append((row, unit))
+                    unit += across * lanes
+                row += blocks // across * rows_at_once
+    return written
+
+
+@pytest.mark.parametrize(
+    "outer, pitch_units", [(1, 2393), (19143, 9), (300, 126), (5, 1), (4096, 513), (7, 257), (3000, 300), (1, 1)]
+)
+def test_every_row_and_unit_is_written_once(outer, pitch_units):
+    written = _emulated(outer, pitch_units)
+    assert len(written) == outer * pitch_units and set(written) == {
+        (r, u) for r in range(outer) for u in range(pitch_units)
+    }
+    assert staging.operand_grid(outer, pitch_units)[1] <= max(staging.BLOCKS_PER_OPERAND, -(-pitch_units // 256))

@@ -3,16 +3,19 @@
 // launch's workspace, before the GEMM. A complete translation unit (no headers: NVRTC from pip
 // has no include path); 16-bit elements.
 //
-// Operand z (blockIdx.z: 0 A, 1 B) is `outer` rows of `inner` elements, element (o, i) at
-// src[o * src_outer + i * src_inner]; it lands in rows of `pitch_units` 16-byte units, the units
-// past `inner` zero (TMA may read a ragged row's last unit whole). A thread writes one unit per
-// step: rows over blockIdx.y (striding by gridDim.y), the units of a row over blockIdx.x and the
-// threads, so a warp's units are consecutive in one row.
+// Each operand is `outer` rows of `inner` elements, element (o, i) at src[o * src_outer +
+// i * src_inner]; it lands in rows of `pitch_units` 16-byte units, the units past `inner` zero
+// (TMA may read a ragged row's last unit whole). The grid is A's `blocks`, then B's: each
+// operand's own grid of `across` blocks per row group, so a tall, narrow B is not walked row by
+// row in the grid a wide A needs. A thread writes one unit per step; a row's units go to
+// min(pitch_units, threads) consecutive threads, and a block takes as many rows at once as that
+// leaves room for.
 
 struct StageCopy {
     const unsigned short* src;
     uint4* dst;
     long long outer, inner, src_outer, src_inner, pitch_units;
+    long long blocks, across;  // this operand's blocks (0: not staged), and blocks per row group
 };
 
 struct StageCopies {
@@ -43,8 +46,16 @@ extern "C" __global__ void __launch_bounds__(256) jitgemm_stage_operands(const _
     // the operands (or, the last call's GEMM, reading the workspace); the GEMM after this one
     // waits for all of this grid's writes the same way.
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    const StageCopy& op = copies.operand[blockIdx.z];
-    const long long unit_step = (long long)gridDim.x * blockDim.x;
+    const bool of_b = blockIdx.x >= copies.operand[0].blocks;
+    const StageCopy& op = copies.operand[of_b];
+    const long long block = blockIdx.x - (of_b ? copies.operand[0].blocks : 0);
+    const long long lanes = op.pitch_units < blockDim.x ? op.pitch_units : blockDim.x;  // threads per row
+    const long long rows_at_once = blockDim.x / lanes;
+    if (threadIdx.x >= rows_at_once * lanes) return;
+    const long long first_row = block / op.across * rows_at_once + threadIdx.x / lanes;
+    const long long row_step = op.blocks / op.across * rows_at_once;
+    const long long first_unit = block % op.across * lanes + threadIdx.x % lanes;
+    const long long unit_step = op.across * lanes;
     // Rows of unit stride are read 16 aligned bytes at a time: the two 16-byte units around a
     // staged unit, where both lie between the operand's first and last element (inside the
     // caller's allocation; the second is read even where the first holds all 16 bytes).
@@ -52,11 +63,10 @@ extern "C" __global__ void __launch_bounds__(256) jitgemm_stage_operands(const _
     const unsigned long long first_byte = (unsigned long long)op.src;
     const unsigned long long end_byte =
         first_byte + 2ull * ((op.outer - 1) * op.src_outer + (op.inner - 1) * op.src_inner + 1);
-    for (long long row = blockIdx.y; row < op.outer; row += gridDim.y) {
+    for (long long row = first_row; row < op.outer; row += row_step) {
         const unsigned short* src_row = op.src + row * op.src_outer;
         uint4* dst_row = op.dst + row * op.pitch_units;
-        for (long long unit = (long long)blockIdx.x * blockDim.x + threadIdx.x; unit < op.pitch_units;
-             unit += unit_step) {
+        for (long long unit = first_unit; unit < op.pitch_units; unit += unit_step) {
             const long long first = unit * 8;
             const unsigned long long at = (unsigned long long)(src_row + first);
             const unsigned long long lo = at & ~15ull;
