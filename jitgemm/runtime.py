@@ -205,15 +205,15 @@ def programmatic_launch(kernel: LoadedKernel) -> bool:
     return kernel.waits_for_previous_grid and envflags.flag(ENV_PDL, True)
 
 
-def launch_config(kernel: LoadedKernel, grid: int | tuple, stream: int):
-    """The launch configuration of `kernel` on `stream`: `grid` CTAs (or (x, y, z)), its block,
+def launch_config(kernel: LoadedKernel, grid: int, stream: int):
+    """The launch configuration of `kernel` on `stream`: `grid` CTAs, its block,
     shared memory and cluster, and PDL where `programmatic_launch` allows it."""
     pdl = programmatic_launch(kernel)
     key = (kernel.name, grid, stream, pdl)
     cfg = _launch_configs.get(key)
     if cfg is None:
         cfg = driver.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid if isinstance(grid, tuple) else (grid, 1, 1)
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = kernel.num_threads, 1, 1
         cfg.sharedMemBytes = kernel.smem_bytes
         cfg.hStream = driver.CUstream(stream)

@@ -68,6 +68,29 @@ def test_padding_is_written_whatever_the_workspace_held(gen, layout):
         torch.cuda.synchronize()
 
 
+@pytest.mark.parametrize(
+    "m, n, k, layout",
+    [
+        (1, 70, 19143, "rr"),  # B: 19143 rows of 9 units, several rows per block
+        (6, 1040, 6640, "cc"),  # A: 6640 rows of one unit (M-major, M = 6)
+        (7, 23412, 494, "rr"),  # B: rows of 2927 units, several blocks across a row
+        (300, 33, 2049, "cr"),  # both staged, rows of 38 and 5 units
+    ],
+)
+def test_narrow_and_wide_rows(gen, m, n, k, layout):
+    """Each operand's own part of the staging grid: rows narrower than a block share it, rows
+    wider than a block span several; every row and unit lands once (the result is exact)."""
+    import torch
+
+    a = random_operand(m, k, "bf16", "row" if layout[0] == "r" else "col", gen)
+    b = random_operand(k, n, "bf16", "row" if layout[1] == "r" else "col", gen)
+    buf, out = guarded_out(m, n, "bf16")
+    gemm_staged(a, b, out=out)
+    torch.cuda.synchronize()
+    assert_close(out, a, b, "bf16")
+    assert guard_untouched(buf, m, n)
+
+
 def test_new_arrays_reuse_the_plan_and_the_workspace(gen):
     """A served layer with an odd hidden size: new arrays each call, one plan, no allocations."""
     import torch

@@ -43,9 +43,11 @@ __device__ __forceinline__ uint4 shifted(const uint4 lo, const uint4 hi, const i
 
 extern "C" __global__ void __launch_bounds__(256) jitgemm_stage_operands(const __grid_constant__ StageCopies copies) {
     // Programmatic dependent launch: the previous kernel of the stream may still be writing
-    // the operands (or, the last call's GEMM, reading the workspace); the GEMM after this one
-    // waits for all of this grid's writes the same way.
+    // the operands (or, the last call's GEMM, reading the workspace).
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    // The GEMM may launch now: its prologue (barriers, descriptor prefetch) overlaps this copy,
+    // and it waits for this whole grid to finish before it reads a staged row.
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const bool of_b = blockIdx.x >= copies.operand[0].blocks;
     const StageCopy& op = copies.operand[of_b];
     const long long block = blockIdx.x - (of_b ? copies.operand[0].blocks : 0);
