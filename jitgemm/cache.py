@@ -34,8 +34,9 @@ looking up the key as usual, which writes the index again. clear removes it; pru
 
 The NVRTC version is part of every key, and loading the NVRTC library to ask it costs more than
 the rest of finding a cached kernel. So NVRTC_FILE remembers the version of each NVRTC library
-file a process loaded, by the file's identity (path, real path, size, mtime and the
-cuda.pathfinder that found it; kernels.lookup_nvrtc_version): a hint read and published under
+file a process loaded, by the file's identity (path, real path, size, mtime, the
+cuda.pathfinder that found it and what its search read; kernels.lookup_nvrtc_version): a hint
+read and published under
 the same rules as the index, used only while the file is unchanged. clear removes it; prune
 keeps it.
 """
@@ -679,6 +680,24 @@ class KernelCache:
         except (OSError, UnsafeError, CorruptEntry, ValueError, KeyError, TypeError):
             return None
         return version if NVRTC_VERSION_RE.fullmatch(version) else None
+
+    def nvrtc_memo(self) -> list:
+        """(library, identity, version) of each library file NVRTC_FILE remembers, read under
+        the trust rules; empty for a missing, bad or untrusted file or root."""
+        try:
+            check_root(self.root)
+            record = parse_json(read_trusted(self.root / NVRTC_FILE, NVRTC_FILE), NVRTC_FILE)
+            if record["schema"] != NVRTC_SCHEMA:
+                return []
+            return [
+                (library, found["identity"], found["version"])
+                for library, found in record["libraries"].items()
+                if isinstance(found.get("identity"), dict)
+                and isinstance(found.get("version"), str)
+                and NVRTC_VERSION_RE.fullmatch(found["version"])
+            ]
+        except (OSError, UnsafeError, CorruptEntry, ValueError, KeyError, TypeError, AttributeError):
+            return []
 
     def remember_nvrtc_version(self, library: str, identity: dict, version: str) -> bool:
         """Record `version` as that of the library file `library` with `identity` (keeping the

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 import os
+import site
+import sys
 import time
 from dataclasses import dataclass
 
@@ -124,10 +127,71 @@ def _packaged_library() -> tuple[str, dict] | None:
 def library_identity(path: str, finder: str) -> dict:
     """What identifies the library file `path` (OSError when it cannot be read): its real path,
     size and mtime (a file with all three unchanged is the same library, as Python judges a
-    source against its bytecode) and `finder`, the version of cuda.pathfinder that found it
-    (another one checks again that nvrtc_library names the file it loads)."""
+    source against its bytecode), `finder`, the version of cuda.pathfinder that found it
+    (another one checks again that nvrtc_library names the file it loads), and the search's
+    inputs (search_inputs) it was found with."""
     st = os.stat(path)
-    return {"file": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "pathfinder": finder}
+    return {
+        "file": os.path.realpath(path),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "pathfinder": finder,
+        "search": search_inputs(),
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def search_inputs() -> dict | None:
+    """What cuda.pathfinder's search for NVRTC in NVIDIA wheels and conda reads, gathered
+    without importing it (where cuda.bindings.driver does not, that import is most of a warm
+    first call: 20-70 ms): the site-packages directories it walks, in order, with when each
+    library directory of their NVIDIA wheels last changed (installing or removing a wheel
+    changes it), $CONDA_PREFIX and its lib directory's change time, and cuda.pathfinder's own
+    file. While these are the same, the search finds the same file
+    (kernels.lookup_nvrtc_version then checks that the file is unchanged). None where they
+    cannot be read."""
+    try:
+
+        def changed(path: str):
+            try:
+                return os.stat(path).st_mtime_ns
+            except OSError:
+                return None
+
+        def wheel_dirs(root: str) -> list:
+            nvidia = os.path.join(root, "nvidia")
+            try:
+                children = sorted(os.listdir(nvidia))
+            except OSError:
+                return []
+            return [[child, changed(os.path.join(nvidia, child, "lib"))] for child in children]
+
+        roots = list(site.getsitepackages())
+        user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+        finder = importlib.util.find_spec("cuda.pathfinder")
+        if finder is None or finder.origin is None:
+            return None
+        conda = os.environ.get("CONDA_PREFIX")
+        return {
+            "site": [[root, wheel_dirs(root)] for root in roots],
+            "user_site": user and [user, wheel_dirs(user)],
+            "venv": sys.prefix != sys.base_prefix,
+            "conda": conda and [conda, changed(os.path.join(conda, "lib"))],
+            "pathfinder": [finder.origin, changed(finder.origin)],
+        }
+    except Exception:  # an unusual interpreter or site module: no shortcut
+        return None
+
+
+def nvrtc_mapped() -> bool:
+    """Whether a library named libnvrtc is mapped into this process (loaded by anyone: then
+    cuda.pathfinder returns that one, not what its search finds); True where /proc/self/maps
+    cannot be read (no shortcut off Linux)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return any("libnvrtc" in line for line in maps)
+    except OSError:
+        return True
 
 
 def options_for(arch: str) -> tuple[str, ...]:

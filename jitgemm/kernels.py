@@ -125,11 +125,13 @@ def lookup_nvrtc_version(cache: KernelCache) -> str:
     are recorded (remember_nvrtc_version), and the file is read and written under the cache's
     trust rules. The wheel's metadata would not do: it names the wheel's NVRTC, not necessarily
     the library cuda.pathfinder loads (conda, a system CUDA, one loaded already by torch or
-    CuPy). Only finding kernels uses it: a kernel is compiled, and its key made, with the
+    CuPy). A process whose search inputs (compiler.search_inputs) match a remembered file's
+    takes that file's version without importing cuda.pathfinder (_remembered_for_search), as
+    long as the file is unchanged. Only finding kernels uses it: a kernel is compiled, and its key made, with the
     version of the library loaded (kernels.prepare), and a process that has loaded it asks it.
     """
     if not compiler.nvrtc_loaded():
-        version = _remembered.get(cache.root)
+        version = _remembered.get(cache.root) or _remembered_for_search(cache)
         if version is None:
             library = compiler.nvrtc_library()
             version = None if library is None else cache.find_nvrtc_version(*library)
@@ -139,6 +141,24 @@ def lookup_nvrtc_version(cache: KernelCache) -> str:
     version = compiler.nvrtc_version()  # loads NVRTC, once per process
     remember_nvrtc_version(cache)
     return version
+
+
+def _remembered_for_search(cache: KernelCache) -> str | None:
+    """The version the memo holds for a library file found with this process's search inputs
+    (compiler.search_inputs) whose identity is unchanged, without importing cuda.pathfinder
+    (nvrtc_library does); None where nothing matches or NVRTC is mapped already."""
+    search = compiler.search_inputs()
+    if search is None or compiler.nvrtc_mapped():
+        return None
+    for library, identity, version in cache.nvrtc_memo():
+        if identity.get("search") != search:
+            continue
+        try:
+            if compiler.library_identity(library, identity["pathfinder"]) == identity:
+                return version
+        except (OSError, KeyError, TypeError):
+            continue
+    return None
 
 
 def remember_nvrtc_version(cache: KernelCache) -> None:

@@ -22,14 +22,16 @@ SMALL = KernelConfig(block_m=64, num_consumers=1, block_n=64, num_stages=4)
 
 CHILD = r"""
 import hashlib, json, sys
-from jitgemm import kernels
+from jitgemm import compiler, kernels
 from jitgemm.config import KernelConfig
+searched, search = [], compiler.nvrtc_library
+compiler.nvrtc_library = lambda: searched.append(1) or search()  # cuda.pathfinder's own search
 built = kernels.build(KernelConfig.from_dict(json.loads(sys.argv[1])))
 with open("/proc/self/maps") as maps:
     loaded = any("libnvrtc" in line for line in maps)
 print(json.dumps({"hit": built.cache.hit, "key": built.cache.key, "sha": hashlib.sha256(built.cubin).hexdigest(),
                   "rendered": "jinja2" in sys.modules, "nvrtc": "cuda.bindings.nvrtc" in sys.modules,
-                  "loaded": loaded}))
+                  "loaded": loaded, "searched": bool(searched)}))
 """
 
 
@@ -55,7 +57,7 @@ def test_a_fresh_process_finds_the_kernel_without_rendering_or_nvrtc_bindings(wa
     (index,) = (root / INDEX_DIR).iterdir()
     assert json.loads(index.read_text())["keys"] == {kernels.compiler.nvrtc_version(): built.cache.key}
     found = _fresh_build(root)
-    found.pop("loaded")  # see the next test
+    found.pop("loaded"), found.pop("searched")  # see the next test
     assert found == {
         "hit": True,
         "key": built.cache.key,
@@ -100,8 +102,9 @@ def test_a_fresh_process_finds_the_kernel_without_loading_nvrtc(warm):
     found = _fresh_build(root)
     assert found["hit"] and found["key"] == built.cache.key and not found["rendered"]
     assert not found["loaded"]  # libnvrtc not even mapped
+    assert not found["searched"]  # nor cuda.pathfinder's search run (compiler.search_inputs matched)
     memo.unlink()
-    assert _fresh_build(root) == dict(found, loaded=True)  # asks NVRTC, and remembers its answer
+    assert _fresh_build(root) == dict(found, loaded=True, searched=True)  # asks NVRTC, remembers its answer
     assert _fresh_build(root) == found
 
 
@@ -202,6 +205,9 @@ class FakeNvrtc:
         monkeypatch.setattr(compiler, "nvrtc_version", self.nvrtc_version)
         monkeypatch.setattr(compiler, "nvrtc_library", lambda: None if self.loaded else self.identity())
         monkeypatch.setattr(compiler, "loaded_library", lambda: self.identity() if self.loaded_from == path else None)
+        # what cuda.pathfinder's search reads: here its version stands for all of it
+        monkeypatch.setattr(compiler, "search_inputs", lambda: {"pathfinder": self.finder})
+        monkeypatch.setattr(compiler, "nvrtc_mapped", lambda: self.loaded)
         self.new_process()
 
     def identity(self) -> tuple:
@@ -258,6 +264,44 @@ def test_a_changed_library_is_asked_again(fake_nvrtc, tmp_path, change):
     nvrtc.new_process()
     kernels.lookup_nvrtc_version(cache)
     assert nvrtc.loads == 2  # ... and remembered its answer
+
+
+def test_unchanged_search_inputs_find_the_version_without_cuda_pathfinder(fake_nvrtc, monkeypatch):
+    nvrtc, cache = fake_nvrtc
+    kernels.lookup_nvrtc_version(cache)
+    nvrtc.new_process()
+
+    def no_pathfinder():
+        raise AssertionError("cuda.pathfinder asked")
+
+    monkeypatch.setattr(compiler, "nvrtc_library", no_pathfinder)
+    assert kernels.lookup_nvrtc_version(cache) == "13.5" and nvrtc.loads == 1
+
+
+@pytest.mark.parametrize("change", ["search inputs", "mapped already", "file touched"])
+def test_the_search_shortcut_asks_again_when(fake_nvrtc, monkeypatch, change):
+    nvrtc, cache = fake_nvrtc
+    kernels.lookup_nvrtc_version(cache)
+    nvrtc.new_process()
+    asked = []
+    monkeypatch.setattr(compiler, "nvrtc_library", lambda: asked.append(1) or nvrtc.identity())
+    if change == "search inputs":  # e.g. a wheel installed, another venv or conda prefix
+        monkeypatch.setattr(compiler, "search_inputs", lambda: {"pathfinder": nvrtc.finder, "other": 1})
+    elif change == "mapped already":  # torch (say) loaded a libnvrtc first: cuda.pathfinder returns that one
+        monkeypatch.setattr(compiler, "nvrtc_mapped", lambda: True)
+    else:
+        st = nvrtc.path.stat()
+        os.utime(nvrtc.path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    kernels.lookup_nvrtc_version(cache)
+    assert asked  # the shortcut declined; cuda.pathfinder's own search decided
+
+
+def test_search_inputs_are_stable_and_stored_as_read():
+    compiler.search_inputs.cache_clear()
+    first = compiler.search_inputs()
+    compiler.search_inputs.cache_clear()
+    assert first is not None and compiler.search_inputs() == first == json.loads(json.dumps(first))
+    assert not compiler.nvrtc_mapped() or compiler.nvrtc_loaded()
 
 
 def test_a_library_loaded_from_elsewhere_is_not_remembered(fake_nvrtc, tmp_path):
