@@ -183,15 +183,33 @@ def search_inputs() -> dict | None:
         return None
 
 
-def nvrtc_mapped() -> bool:
-    """Whether a library named libnvrtc is mapped into this process (loaded by anyone: then
-    cuda.pathfinder returns that one, not what its search finds); True where /proc/self/maps
-    cannot be read (no shortcut off Linux)."""
+def mapped_nvrtc() -> list[str] | None:
+    """The NVRTC library files mapped into this process already (loaded by anyone, torch say:
+    cuda.pathfinder then hands cuda.bindings that library, not what its search finds), or None
+    where /proc/self/maps cannot be read (off Linux)."""
     try:
         with open("/proc/self/maps") as maps:
-            return any("libnvrtc" in line for line in maps)
+            found = {line.split()[-1] for line in maps if "/libnvrtc.so" in line}
     except OSError:
-        return True
+        return None
+    return sorted(found)
+
+
+def mapped_nvrtc_version() -> str | None:
+    """The version of the one NVRTC library mapped into this process already, asked of it
+    through ctypes (the library is loaded: no cost), without importing cuda.pathfinder; None
+    where none or several are mapped or it cannot be asked."""
+    mapped = mapped_nvrtc()
+    if not mapped or len(mapped) > 1:
+        return None
+    try:
+        library = ctypes.CDLL(mapped[0], mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        if library.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
+            return f"{major.value}.{minor.value}"
+    except (OSError, AttributeError):
+        pass
+    return None
 
 
 def options_for(arch: str) -> tuple[str, ...]:

@@ -207,7 +207,8 @@ class FakeNvrtc:
         monkeypatch.setattr(compiler, "loaded_library", lambda: self.identity() if self.loaded_from == path else None)
         # what cuda.pathfinder's search reads: here its version stands for all of it
         monkeypatch.setattr(compiler, "search_inputs", lambda: {"pathfinder": self.finder})
-        monkeypatch.setattr(compiler, "nvrtc_mapped", lambda: self.loaded)
+        monkeypatch.setattr(compiler, "mapped_nvrtc", lambda: [str(path)] if self.loaded else [])
+        monkeypatch.setattr(compiler, "mapped_nvrtc_version", lambda: None)  # its own test below
         self.new_process()
 
     def identity(self) -> tuple:
@@ -288,7 +289,7 @@ def test_the_search_shortcut_asks_again_when(fake_nvrtc, monkeypatch, change):
     if change == "search inputs":  # e.g. a wheel installed, another venv or conda prefix
         monkeypatch.setattr(compiler, "search_inputs", lambda: {"pathfinder": nvrtc.finder, "other": 1})
     elif change == "mapped already":  # torch (say) loaded a libnvrtc first: cuda.pathfinder returns that one
-        monkeypatch.setattr(compiler, "nvrtc_mapped", lambda: True)
+        monkeypatch.setattr(compiler, "mapped_nvrtc", lambda: ["/elsewhere/libnvrtc.so.13"])
     else:
         st = nvrtc.path.stat()
         os.utime(nvrtc.path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
@@ -301,7 +302,22 @@ def test_search_inputs_are_stable_and_stored_as_read():
     first = compiler.search_inputs()
     compiler.search_inputs.cache_clear()
     assert first is not None and compiler.search_inputs() == first == json.loads(json.dumps(first))
-    assert not compiler.nvrtc_mapped() or compiler.nvrtc_loaded()
+
+
+def test_a_mapped_nvrtc_is_asked_directly():
+    """The version of an NVRTC another library loaded (torch does at CUDA init) comes from that
+    library, as cuda.pathfinder would hand it to cuda.bindings; none mapped: not known."""
+    code = (
+        "import json, ctypes; from jitgemm import compiler; "
+        "before = [compiler.mapped_nvrtc(), compiler.mapped_nvrtc_version()]; "
+        "from cuda.pathfinder import load_nvidia_dynamic_lib; "
+        "ctypes.CDLL(load_nvidia_dynamic_lib('nvrtc').abs_path); "
+        "print(json.dumps(before + [compiler.mapped_nvrtc_version(), compiler.nvrtc_version()]))"
+    )
+    env = dict(os.environ, PYTHONPATH=child_pythonpath())
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    mapped_before, version_before, mapped_version, version = json.loads(out.stdout.strip().splitlines()[-1])
+    assert mapped_before == [] and version_before is None and mapped_version == version
 
 
 def test_a_library_loaded_from_elsewhere_is_not_remembered(fake_nvrtc, tmp_path):
