@@ -1,0 +1,45 @@
+"""examples/ab_choices.py without a GPU: which problems two commits choose differently for, and
+the summary of timed pairs. The timing itself needs a GPU (run by hand: a heuristics change)."""
+
+import math
+
+import pytest
+from example_scripts import load_example
+
+
+@pytest.fixture(scope="module")
+def ab():
+    return load_example("ab_choices")
+
+
+def test_differing_and_summary(ab):
+    assert ab.differing([{"a": 1}, {"a": 2}, {"a": 3}], [{"a": 1}, {"a": 5}, {"a": 3}]) == [1]
+    with pytest.raises(ValueError):
+        ab.differing([{}], [{}, {}])
+    rows = [{"ratio": 1.10}, {"ratio": 0.90}, {"ratio": 1.01}, {"ref_error": math.inf}]
+    got = ab.summary(rows)
+    assert got["timed"] == 3 and got["faster"] == 1 and got["slower"] == 1
+    assert got["geomean"] == pytest.approx((1.10 * 0.90 * 1.01) ** (1 / 3)) and got["worst"] == 0.90
+    assert ab.summary([]) == {"timed": 0}
+
+
+def test_a_commit_against_itself_differs_nowhere(ab, capsys):
+    assert ab.main(["--ref", "HEAD", "--list", "--count", "12", "--seed", "3"]) == 0
+    assert "12 problems, 0 choose differently here than HEAD" in capsys.readouterr().out
+
+
+def test_the_choices_are_those_of_select(ab):
+    from jitgemm import heuristics
+    from jitgemm.config import KernelConfig
+    from jitgemm.heuristics.device import DeviceSpec
+
+    sweep = load_example("sweep")
+    got = ab.choices(5, 6, "sm_90a", 132)
+    want = [heuristics.select(sweep.kernel_problem(p), DeviceSpec("sm_90a", 132)) for p in sweep.problems(5, 6)]
+    assert [KernelConfig.from_dict(c) for c in got] == want
+
+
+@pytest.mark.parametrize("bad", [["--count", "0"], ["--rounds", "0"]])
+def test_bad_arguments(ab, bad):
+    with pytest.raises(SystemExit):
+        ab.parse_args(bad)
