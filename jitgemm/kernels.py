@@ -126,10 +126,11 @@ def lookup_nvrtc_version(cache: KernelCache) -> str:
     trust rules. The wheel's metadata would not do: it names the wheel's NVRTC, not necessarily
     the library cuda.pathfinder loads (conda, a system CUDA, one loaded already by torch or
     CuPy). Where such a library is mapped already, its version is asked of it
-    (compiler.mapped_nvrtc_version). A process whose search inputs (compiler.search_inputs) match a remembered file's
-    takes that file's version without importing cuda.pathfinder (_remembered_for_search), as
-    long as the file is unchanged. Only finding kernels uses it: a kernel is compiled, and its key made, with the
-    version of the library loaded (kernels.prepare), and a process that has loaded it asks it.
+    (compiler.mapped_nvrtc_version). A process whose search inputs (compiler.search_inputs)
+    match a remembered file's takes that file's version without importing cuda.pathfinder
+    (_remembered_for_search), as long as the file is unchanged. Only finding kernels uses it: a
+    kernel is compiled, and its key made, with the version of the library loaded
+    (kernels.prepare), and a process that has loaded it asks it.
     """
     if not compiler.nvrtc_loaded():
         version = _remembered.get(cache.root) or compiler.mapped_nvrtc_version() or _remembered_for_search(cache)
