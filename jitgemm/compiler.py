@@ -51,10 +51,9 @@ def _loaded() -> tuple[str, str | None]:
         from cuda.pathfinder import load_nvidia_dynamic_lib
 
         path = load_nvidia_dynamic_lib("nvrtc").abs_path
-        library = ctypes.CDLL(path)
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        if library.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
-            return f"{major.value}.{minor.value}", path
+        version = _reported_version(ctypes.CDLL(path))
+        if version is not None:
+            return version, path
     except Exception:  # any failure: ask cuda.bindings, which raises the error that matters
         pass
     err, major_, minor_ = _nvrtc().nvrtcVersion()
@@ -195,20 +194,24 @@ def mapped_nvrtc() -> list[str] | None:
     return sorted(found)
 
 
-def mapped_nvrtc_version() -> str | None:
-    """The version of the one NVRTC library mapped into this process already, asked of it
-    through ctypes (the library is loaded: no cost), without importing cuda.pathfinder; None
-    where none or several are mapped or it cannot be asked."""
-    mapped = mapped_nvrtc()
-    if not mapped or len(mapped) > 1:
+def mapped_nvrtc_version(mapped: list[str]) -> str | None:
+    """The version of the NVRTC library mapped into this process already, when `mapped`
+    (mapped_nvrtc's answer) is one file, asked of it through ctypes (the library is loaded: no
+    cost) without importing cuda.pathfinder; None where none or several are mapped or it cannot
+    be asked."""
+    if len(mapped) != 1:
         return None
     try:
-        library = ctypes.CDLL(mapped[0], mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        if library.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
-            return f"{major.value}.{minor.value}"
+        return _reported_version(ctypes.CDLL(mapped[0], mode=os.RTLD_NOLOAD | os.RTLD_LAZY))
     except (OSError, AttributeError):
-        pass
+        return None
+
+
+def _reported_version(library: ctypes.CDLL) -> str | None:
+    """ "major.minor" as the NVRTC `library` reports it (None where it does not)."""
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    if library.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
+        return f"{major.value}.{minor.value}"
     return None
 
 

@@ -125,15 +125,15 @@ def lookup_nvrtc_version(cache: KernelCache) -> str:
     are recorded (remember_nvrtc_version), and the file is read and written under the cache's
     trust rules. The wheel's metadata would not do: it names the wheel's NVRTC, not necessarily
     the library cuda.pathfinder loads (conda, a system CUDA, one loaded already by torch or
-    CuPy). Where such a library is mapped already, its version is asked of it
-    (compiler.mapped_nvrtc_version). A process whose search inputs (compiler.search_inputs)
-    match a remembered file's takes that file's version without importing cuda.pathfinder
-    (_remembered_for_search), as long as the file is unchanged. Only finding kernels uses it: a
+    CuPy). Before asking cuda.pathfinder, `_without_pathfinder` tries what needs no import of
+    it: an NVRTC mapped already is asked its version, and with none mapped, a remembered file
+    found with this process's search inputs (compiler.search_inputs) and unchanged gives its
+    version. Only finding kernels uses it: a
     kernel is compiled, and its key made, with the version of the library loaded
     (kernels.prepare), and a process that has loaded it asks it.
     """
     if not compiler.nvrtc_loaded():
-        version = _remembered.get(cache.root) or compiler.mapped_nvrtc_version() or _remembered_for_search(cache)
+        version = _remembered.get(cache.root) or _without_pathfinder(cache)
         if version is None:
             library = compiler.nvrtc_library()
             version = None if library is None else cache.find_nvrtc_version(*library)
@@ -145,12 +145,16 @@ def lookup_nvrtc_version(cache: KernelCache) -> str:
     return version
 
 
-def _remembered_for_search(cache: KernelCache) -> str | None:
-    """The version the memo holds for a library file found with this process's search inputs
-    (compiler.search_inputs) whose identity is unchanged, without importing cuda.pathfinder
-    (nvrtc_library does); None where nothing matches or an NVRTC is mapped already."""
+def _without_pathfinder(cache: KernelCache) -> str | None:
+    """The NVRTC version without importing cuda.pathfinder (nvrtc_library does), from one read
+    of the process's mappings: the one NVRTC mapped already, asked directly (cuda.pathfinder
+    would hand cuda.bindings that one); with none mapped, the version the memo holds for a file
+    found with this process's search inputs whose identity is unchanged. None otherwise."""
+    mapped = compiler.mapped_nvrtc()
+    if mapped:
+        return compiler.mapped_nvrtc_version(mapped)
     search = compiler.search_inputs()
-    if search is None or compiler.mapped_nvrtc() != []:
+    if mapped is None or search is None:
         return None
     for library, identity, version in cache.nvrtc_memo():
         if identity.get("search") != search:

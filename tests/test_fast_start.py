@@ -35,12 +35,18 @@ print(json.dumps({"hit": built.cache.hit, "key": built.cache.key, "sha": hashlib
 """
 
 
-def _fresh_build(root: Path) -> dict:
-    env = dict(os.environ, JITGEMM_CACHE_DIR=str(root), PYTHONPATH=child_pythonpath())
+def _child_json(code: str, *args: str, **env: str):
+    """The last line a fresh interpreter running `code` with `args` prints, as JSON (this
+    checkout's jitgemm; the environment, plus `env`)."""
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), **env)
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, SMALL.to_json()], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code, *args], env=env, cwd=ROOT, capture_output=True, text=True, check=True
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _fresh_build(root: Path) -> dict:
+    return _child_json(CHILD, SMALL.to_json(), JITGEMM_CACHE_DIR=str(root))
 
 
 @pytest.fixture
@@ -77,9 +83,7 @@ def _fresh_prediction() -> tuple:
         "from cuda.pathfinder import load_nvidia_dynamic_lib; "
         "print(json.dumps([lib and lib[1]['file'], os.path.realpath(load_nvidia_dynamic_lib('nvrtc').abs_path)]))"
     )
-    env = dict(os.environ, PYTHONPATH=child_pythonpath())
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
-    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+    return tuple(_child_json(code))
 
 
 NOT_PREDICTED = "NVRTC is not in an NVIDIA wheel or conda environment here: its version is always asked"
@@ -124,11 +128,7 @@ def test_a_fresh_process_finds_the_staging_kernel_without_loading_nvrtc(warm, mo
     root, _ = warm  # the memo of the NVRTC version is there
     monkeypatch.setenv("JITGEMM_CACHE_DIR", str(root))
     built = staging.build("sm_90a")
-    env = dict(os.environ, PYTHONPATH=child_pythonpath())
-    out = subprocess.run(
-        [sys.executable, "-c", STAGING_CHILD], env=env, cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"hit": True, "key": built.key, "loaded": False}
+    assert _child_json(STAGING_CHILD) == {"hit": True, "key": built.key, "loaded": False}
 
 
 def _other_config_entry(root: Path) -> str:
@@ -208,7 +208,7 @@ class FakeNvrtc:
         # what cuda.pathfinder's search reads: here its version stands for all of it
         monkeypatch.setattr(compiler, "search_inputs", lambda: {"pathfinder": self.finder})
         monkeypatch.setattr(compiler, "mapped_nvrtc", lambda: [str(path)] if self.loaded else [])
-        monkeypatch.setattr(compiler, "mapped_nvrtc_version", lambda: None)  # its own test below
+        monkeypatch.setattr(compiler, "mapped_nvrtc_version", lambda mapped: None)  # its own test below
         self.new_process()
 
     def identity(self) -> tuple:
@@ -309,14 +309,12 @@ def test_a_mapped_nvrtc_is_asked_directly():
     library, as cuda.pathfinder would hand it to cuda.bindings; none mapped: not known."""
     code = (
         "import json, ctypes; from jitgemm import compiler; "
-        "before = [compiler.mapped_nvrtc(), compiler.mapped_nvrtc_version()]; "
+        "before = [compiler.mapped_nvrtc(), compiler.mapped_nvrtc_version(compiler.mapped_nvrtc())]; "
         "from cuda.pathfinder import load_nvidia_dynamic_lib; "
         "ctypes.CDLL(load_nvidia_dynamic_lib('nvrtc').abs_path); "
-        "print(json.dumps(before + [compiler.mapped_nvrtc_version(), compiler.nvrtc_version()]))"
+        "print(json.dumps(before + [compiler.mapped_nvrtc_version(compiler.mapped_nvrtc()), compiler.nvrtc_version()]))"
     )
-    env = dict(os.environ, PYTHONPATH=child_pythonpath())
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
-    mapped_before, version_before, mapped_version, version = json.loads(out.stdout.strip().splitlines()[-1])
+    mapped_before, version_before, mapped_version, version = _child_json(code)
     assert mapped_before == [] and version_before is None and mapped_version == version
 
 
@@ -450,8 +448,6 @@ def test_import_leaves_for_later_what_it_does_not_need():
         "import json, sys, numpy, cuda.bindings.driver; before = set(sys.modules); import jitgemm; "
         "print(json.dumps(sorted(set(sys.modules) - before)))"
     )
-    env = dict(os.environ, PYTHONPATH=child_pythonpath())
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
-    added = json.loads(out.stdout.strip().splitlines()[-1])
+    added = _child_json(code)
     assert [m for m in added if m in LATER] == []
     assert "jitgemm.api" in added  # the check sees what the import brings
