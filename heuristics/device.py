@@ -87,6 +87,19 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _name_problems(found: dict, names, what: str, known: str = "") -> list[str]:
+    """What `found` holds beyond `names` and lacks of them, worded for `what` ("keys", "rates";
+    `known` follows the unknown ones)."""
+    problems = []
+    unknown = sorted(set(found) - set(names))
+    missing = [k for k in names if k not in found]
+    if unknown:
+        problems.append(f"unknown {what} {unknown}{known}")
+    if missing:
+        problems.append(f"missing {what} {missing}")
+    return problems
+
+
 def parse_calibration(data, where: str, kind: str | None = None) -> Calibration:
     """The `Calibration` in `data` (a calibration file's JSON), read from `where`; `kind`: the
     kind its file name says. CalibrationError naming `where` and every problem found: keys other
@@ -95,13 +108,7 @@ def parse_calibration(data, where: str, kind: str | None = None) -> Calibration:
     provenance without PROVENANCE_KEYS."""
     if not isinstance(data, dict):
         raise CalibrationError(f"{where}: a calibration file holds a JSON object, not {type(data).__name__}")
-    problems = []
-    unknown = sorted(set(data) - set(CALIBRATION_KEYS))
-    missing = [k for k in CALIBRATION_KEYS if k not in data]
-    if unknown:
-        problems.append(f"unknown keys {unknown}")
-    if missing:
-        problems.append(f"missing keys {missing}")
+    problems = _name_problems(data, CALIBRATION_KEYS, "keys")
     if "schema" in data and data["schema"] != CALIBRATION_SCHEMA:
         problems.append(f"schema {data['schema']!r}, this jitgemm reads schema {CALIBRATION_SCHEMA}")
     got_kind = data.get("kind")
@@ -116,12 +123,7 @@ def parse_calibration(data, where: str, kind: str | None = None) -> Calibration:
     if "rates" in data and not isinstance(rates, dict):
         problems.append(f"rates must be an object of {list(RATE_NAMES)}")
     elif isinstance(rates, dict):
-        unknown = sorted(set(rates) - set(RATE_NAMES))
-        missing = [k for k in RATE_NAMES if k not in rates]
-        if unknown:
-            problems.append(f"unknown rates {unknown} (ArchRates has {list(RATE_NAMES)})")
-        if missing:
-            problems.append(f"missing rates {missing}")
+        problems += _name_problems(rates, RATE_NAMES, "rates", f" (ArchRates has {list(RATE_NAMES)})")
         for name in RATE_NAMES:
             value = rates.get(name)
             if name in rates and not (_is_number(value) and math.isfinite(value) and value > 0):

@@ -38,6 +38,20 @@ def gemm_staged(*args, **kw):
     return res
 
 
+def check_staged(m, n, k, layout, gen):
+    """One staged gemm of fresh operands (`layout`: A then B, "r" row-major, "c" a transposed
+    view) into a guarded, NaN-poisoned output, checked against float64."""
+    import torch
+
+    a = random_operand(m, k, "bf16", "row" if layout[0] == "r" else "col", gen)
+    b = random_operand(k, n, "bf16", "row" if layout[1] == "r" else "col", gen)
+    buf, out = guarded_out(m, n, "bf16")
+    gemm_staged(a, b, out=out)
+    torch.cuda.synchronize()
+    assert_close(out, a, b, "bf16")
+    assert guard_untouched(buf, m, n)
+
+
 def _staged_regions(stream: int) -> list:
     """(pointer, bytes) of the stream's staged-operand regions."""
     ws = launch._workspace(0, stream)
@@ -55,13 +69,7 @@ def test_padding_is_written_whatever_the_workspace_held(gen, layout):
     stream = torch.cuda.current_stream().cuda_stream
     m, n, k = 300, 260, 1001
     for _ in range(2):
-        a = random_operand(m, k, "bf16", "row" if layout[0] == "r" else "col", gen)
-        b = random_operand(k, n, "bf16", "row" if layout[1] == "r" else "col", gen)
-        buf, out = guarded_out(m, n, "bf16")
-        gemm_staged(a, b, out=out)
-        torch.cuda.synchronize()
-        assert_close(out, a, b, "bf16")
-        assert guard_untouched(buf, m, n)
+        check_staged(m, n, k, layout, gen)
         for ptr, nbytes in _staged_regions(stream):  # NaN (0xFFFF) over everything staged
             if nbytes:
                 runtime.check(driver.cuMemsetD16Async(ptr, 0xFFFF, nbytes // 2, driver.CUstream(stream)), "memset")
@@ -80,15 +88,7 @@ def test_padding_is_written_whatever_the_workspace_held(gen, layout):
 def test_narrow_and_wide_rows(gen, m, n, k, layout):
     """Each operand's own part of the staging grid: rows narrower than a block share it, rows
     wider than a block span several; every row and unit lands once (the result is exact)."""
-    import torch
-
-    a = random_operand(m, k, "bf16", "row" if layout[0] == "r" else "col", gen)
-    b = random_operand(k, n, "bf16", "row" if layout[1] == "r" else "col", gen)
-    buf, out = guarded_out(m, n, "bf16")
-    gemm_staged(a, b, out=out)
-    torch.cuda.synchronize()
-    assert_close(out, a, b, "bf16")
-    assert guard_untouched(buf, m, n)
+    check_staged(m, n, k, layout, gen)
 
 
 def test_new_arrays_reuse_the_plan_and_the_workspace(gen):
