@@ -6,8 +6,8 @@ judged by measurement, not by its own model.
 
 The problems are examples/sweep.py's for the seed (`sweep.draw`), as gemm sees them
 (`sweep.kernel_problem`). Each tree chooses in its own process (`heuristics.select`, this
-checkout's script with the tree's jitgemm; --ref is exported with `git archive`, as
-examples/select_equality.py does). Every problem whose two configs differ is then run with
+checkout's script with the tree's jitgemm; --ref is exported with `git archive` by
+examples/select_equality.py's `exported`). Every problem whose two configs differ is then run with
 each config forced (gemm's config=), on the same fresh random operands rotated over enough
 copies to defeat L2, both results checked into NaN-poisoned outputs against float64 with the
 sweep's elementwise bound; its time is the median of --rounds replays of a CUDA graph of 20
@@ -81,12 +81,12 @@ def _tree_choices(tree: Path, args, path: Path) -> list:
 
 
 def both_choices(args) -> tuple[list, list]:
-    """(--ref's choices, this checkout's), each computed in its own process."""
-    with tempfile.TemporaryDirectory() as tmp:
-        ref_tree = Path(tmp) / "ref"
-        ref_tree.mkdir()
-        archive = subprocess.run(["git", "archive", args.ref], cwd=ROOT, check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(ref_tree)], input=archive, check=True)
+    """(--ref's choices, this checkout's), each computed in its own process; --ref exported as
+    examples/select_equality.py exports it."""
+    sys.path.insert(0, str(HERE))
+    from select_equality import exported
+
+    with exported(args.ref) as ref_tree, tempfile.TemporaryDirectory() as tmp:
         return _tree_choices(ref_tree, args, Path(tmp) / "ref.json"), _tree_choices(ROOT, args, Path(tmp) / "new.json")
 
 

@@ -16,6 +16,7 @@ Exit status 1 when any answer differs (the first few are printed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -66,6 +67,17 @@ def dump(count: int, dense: int, explain_every: int, seed: int) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def exported(ref: str):
+    """A temporary directory holding `git archive ref` of this checkout (removed afterwards)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "ref"
+        tree.mkdir()
+        archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        yield tree
+
+
 def run_tree(tree: Path, args, path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--dump", str(path)]
@@ -86,11 +98,7 @@ def main() -> int:
     if args.dump:
         Path(args.dump).write_text(json.dumps(dump(args.count, args.dense, args.explain_every, args.seed)))
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        ref_tree = Path(tmp) / "ref"
-        ref_tree.mkdir()
-        archive = subprocess.run(["git", "archive", args.ref], cwd=ROOT, check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(ref_tree)], input=archive, check=True)
+    with exported(args.ref) as ref_tree, tempfile.TemporaryDirectory() as tmp:
         run_tree(ref_tree, args, Path(tmp) / "ref.json")
         run_tree(ROOT, args, Path(tmp) / "new.json")
         ref = json.loads((Path(tmp) / "ref.json").read_text())
