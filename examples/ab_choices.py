@@ -3,11 +3,13 @@ judged by measurement, not by its own model.
 
     python examples/ab_choices.py --ref main [--seed S] [--count 300] [--rounds 7] [--json FILE]
     python examples/ab_choices.py --ref main --list      # the problems whose choice differs; no GPU
+    python examples/ab_choices.py --ref-tree DIR [...]   # the reference is a directory holding a tree
 
 The problems are examples/sweep.py's for the seed (`sweep.draw`), as gemm sees them
 (`sweep.kernel_problem`). Each tree chooses in its own process (`heuristics.select`, this
 checkout's script with the tree's jitgemm; --ref is exported with `git archive` by
-examples/select_equality.py's `exported`). Every problem whose two configs differ is then run with
+examples/select_equality.py's `exported`; --ref-tree names a tree already on disk, for a machine
+without the git history). Every problem whose two configs differ is then run with
 each config forced (gemm's config=), on the same fresh random operands rotated over enough
 copies to defeat L2, both results checked into NaN-poisoned outputs against float64 with the
 sweep's elementwise bound; its time is the median of --rounds replays of a CUDA graph of 20
@@ -22,6 +24,7 @@ more than NOISE, and the worst. Exit status 1 when a result is wrong.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -48,6 +51,7 @@ def _sweep():
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref", default="main", help="the git ref whose choices are compared [main]")
+    ap.add_argument("--ref-tree", help="a directory holding the reference tree (instead of --ref)")
     ap.add_argument("--seed", type=int, default=1, help="the sweep seed of the problems [1]")
     ap.add_argument("--count", type=int, default=300, help="problems drawn [300]")
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds of each config [7]")
@@ -59,6 +63,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.count < 1 or args.rounds < 1:
         ap.error("--count and --rounds must be at least 1")
+    if args.ref_tree is not None:
+        if not (Path(args.ref_tree) / "jitgemm" / "__init__.py").is_file():
+            ap.error(f"--ref-tree {args.ref_tree}: no jitgemm package there")
+        args.ref = args.ref_tree
     return args
 
 
@@ -82,12 +90,14 @@ def _tree_choices(tree: Path, args, path: Path) -> list:
 
 def both_choices(args) -> tuple[list, list]:
     """(--ref's choices, this checkout's), each computed in its own process; --ref exported as
-    examples/select_equality.py exports it."""
+    examples/select_equality.py exports it, or --ref-tree as it is."""
     sys.path.insert(0, str(HERE))
     from select_equality import exported
 
-    with exported(args.ref) as ref_tree, tempfile.TemporaryDirectory() as tmp:
-        return _tree_choices(ref_tree, args, Path(tmp) / "ref.json"), _tree_choices(ROOT, args, Path(tmp) / "new.json")
+    with contextlib.ExitStack() as stack:
+        ref_tree = Path(args.ref_tree).resolve() if args.ref_tree else stack.enter_context(exported(args.ref))
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        return _tree_choices(ref_tree, args, tmp / "ref.json"), _tree_choices(ROOT, args, tmp / "new.json")
 
 
 def differing(ref: list, new: list) -> list[int]:

@@ -28,6 +28,15 @@ def test_a_commit_against_itself_differs_nowhere(ab, capsys):
     assert "12 problems, 0 choose differently here than HEAD" in capsys.readouterr().out
 
 
+def test_a_tree_on_disk_as_the_reference(ab, capsys, tmp_path):
+    root = ab.ROOT
+    assert ab.main(["--ref-tree", str(root), "--list", "--count", "8", "--seed", "4"]) == 0
+    assert f"8 problems, 0 choose differently here than {root}" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        ab.parse_args(["--ref-tree", str(tmp_path)])
+    assert "no jitgemm package there" in capsys.readouterr().err
+
+
 def test_the_choices_are_those_of_select(ab):
     from jitgemm import heuristics
     from jitgemm.config import KernelConfig
