@@ -81,7 +81,8 @@ def choices(seed: int, count: int, arch: str, num_sms: int) -> list:
 
 
 def _tree_choices(tree: Path, args, path: Path) -> list:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    # the tree first; the rest of the path (e.g. where dependencies are installed) kept
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(tree), os.environ.get("PYTHONPATH"))))}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--dump", str(path), "--seed", str(args.seed)]
     cmd += ["--count", str(args.count), "--arch", args.arch, "--num-sms", str(args.num_sms)]
     subprocess.run(cmd, env=env, check=True, cwd=tree)

@@ -79,7 +79,8 @@ def exported(ref: str):
 
 
 def run_tree(tree: Path, args, path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    # the tree first; the rest of the path (e.g. where dependencies are installed) kept
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(tree), os.environ.get("PYTHONPATH"))))}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--dump", str(path)]
     cmd += ["--count", str(args.count), "--dense", str(args.dense), "--seed", str(args.seed)]
     cmd += ["--explain-every", str(args.explain_every)]
