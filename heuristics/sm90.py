@@ -120,6 +120,16 @@ PARTIAL_BYTES = 4  # fp32 partial sums
 # 16.7 unsplit, 64x4096x7168 19.2 against 17.8, while 128x2112x7168 m128n64 split 3 (13.9)
 # beats the unsplit m64n64 (16.2).
 SPLITK_LAUNCH_CLK = 1500
+# Shared lines: the CTAs that read one operand tile at once request each of its 128-byte lines
+# per k-block, one request per box row. A K-major row's k-block is one line; an MN-major
+# operand narrower than a line (M or N <= 56: rows of 16-byte units, padded to 8 elements when
+# staged) packs 8 / ceil(extent / 8) box rows into a line, all of them requested by every CTA
+# of the tile's row or column. Fitted on the H200 calibration measurements
+# (examples/data/calibration-sm_90a-132-2026-12-02.json: M-major A at M <= 64 measured 2-3.3x
+# its modelled time with 84-828 tiles sharing A, 1.2x with a few). Chosen on the even-indexed
+# half of its problems (the pick's measured time over the best candidate's, geomean 1.085 ->
+# 1.066; 1, 2, 3, 4 clk: 1.067-1.071); on the other half, held out, 1.087 -> 1.077.
+LINE_REQUEST_CLK = 1.5
 
 
 def _pre_rule(problem: Problem, device: DeviceSpec, block_m: int, block_n: int, cluster: int) -> str | None:
@@ -685,6 +695,8 @@ def _byte_terms(problem: Problem, t: Tiles, w: _Waves, lands, l2_reads, dram_row
         per_wave[1:] /= rates[1:]
     per_wave[2] += t.dram_latency_clk
     clk = np.maximum(np.maximum(fixed, per_wave[0]), np.maximum(per_wave[1], per_wave[2]))  # the slowest
+    shared_lines = _shared_line_clk(problem, t, w.active)
+    clk = np.maximum(clk, shared_lines)
 
     # Per unit, in a full wave and in the last: its k-blocks, split-K's fix-up (serial after the
     # main loop: the other splits' store fence and count, the read-back of their partials over
@@ -715,6 +727,7 @@ def _byte_terms(problem: Problem, t: Tiles, w: _Waves, lands, l2_reads, dram_row
     out = {"cost": cost, "sm_time": sm_time, "l2_reads": l2_reads, "splits": w.splits}
     if report:
         terms = {"mma": w.mma, "smem": t.smem_clk, "l2_ingress": l2_ingress, "latency": t.latency_clk}
+        terms["shared_lines"] = shared_lines[0]
         terms.update(l2=per_wave[1, 0], dram=per_wave[2, 0], delivery=per_wave[0, 0])
         cta_tiles = til.units * t.cluster_size
         out.update(
@@ -730,6 +743,28 @@ def _byte_terms(problem: Problem, t: Tiles, w: _Waves, lands, l2_reads, dram_row
             ws_total=ws_total,
         )
     return out
+
+
+def _requests_per_line(major: str, extent: int, mn_major: str) -> int:
+    """Box rows of an operand's k-block in one 128-byte line (`LINE_REQUEST_CLK`): 1 for a
+    K-major operand, else 8 / ceil(min(extent, 64) / 8) (floored, at least 1)."""
+    if major != mn_major:
+        return 1
+    return max(1, 8 // -(-min(extent, 64) // 8))
+
+
+def _shared_line_clk(problem: Problem, t: Tiles, active) -> np.ndarray:
+    """Per k-block (rows as `active`'s: a full wave, the last), the requests the busiest line
+    of an operand tile serves: the CTAs reading the tile at once (the active CTAs over the m
+    blocks for A, the n blocks for B, at least 1; a multicast pair's CTAs request once) times its
+    box rows per line, at LINE_REQUEST_CLK each. Depends on M only through the m block counts
+    and ceil(M / 8), which are constant in a span of M (`_span`)."""
+    a_line = _requests_per_line(problem.a_major, problem.m, "M")
+    b_line = _requests_per_line(problem.b_major, problem.n, "N")
+    num_m, num_n = ceil_div(problem.m, t.block_m), ceil_div(problem.n, t.block_n)
+    a_share = np.maximum(active / (num_m * (1 + t.shares_a)), 1)
+    b_share = np.maximum(active / (num_n * (1 + t.shares_b)), 1)
+    return LINE_REQUEST_CLK * np.maximum(a_share * a_line, b_share * b_line)
 
 
 def _terms(problem: Problem, device: DeviceSpec, t: Tiles, c: dict, i: int) -> dict:
@@ -1229,10 +1264,11 @@ def _grain_costs(problem, s: _Skeleton) -> dict:
 
 def _span_choice(problem: Problem, s: _Skeleton, span: tuple[int, int]) -> int:
     """The candidate of `s` that every problem of the span of M (least, largest) chooses, where
-    the bounds prove one (else -1): in a grain every candidate's cost grows with M (the
+    the bounds prove one (else -1): in a span every candidate's cost grows with M (the
     skeleton is the same, every row and column counted grows with M or stays, and so does
     every term built from them: sums, products and quotients by the same positive numbers,
-    maxima), so in the span it lies between its cost at the least M and at the largest. A
+    maxima; the shared-line term, which falls as M grows, is constant in a span), so in the
+    span it lies between its cost at the least M and at the largest. A
     candidate whose largest cost is below every other candidate's least cost by more than the
     rounding of `_order` is first for every M of the span, whatever the other keys."""
     rest = (problem.n, problem.k, *_kind(problem))
