@@ -4,9 +4,11 @@ judged by measurement, not by its own model.
     python examples/ab_choices.py --ref main [--seed S] [--count 300] [--rounds 7] [--json FILE]
     python examples/ab_choices.py --ref main --list      # the problems whose choice differs; no GPU
     python examples/ab_choices.py --ref-tree DIR [...]   # the reference is a directory holding a tree
+    python examples/ab_choices.py --shapes FILE [...]    # these problems instead of a sweep seed's
 
 The problems are examples/sweep.py's for the seed (`sweep.draw`), as gemm sees them
-(`sweep.kernel_problem`). Each tree chooses in its own process (`heuristics.select`, this
+(`sweep.kernel_problem`), or --shapes': a JSON list of [m, n, k, layout, dtype, out_dtype,
+has_c] (layout as sweep.py names them, out_dtype null for the input's). Each tree chooses in its own process (`heuristics.select`, this
 checkout's script with the tree's jitgemm; --ref is exported with `git archive` by
 examples/select_equality.py's `exported`; --ref-tree names a tree already on disk, for a machine
 without the git history). Every problem whose two configs differ is then run with
@@ -52,6 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref", default="main", help="the git ref whose choices are compared [main]")
     ap.add_argument("--ref-tree", help="a directory holding the reference tree (instead of --ref)")
+    ap.add_argument("--shapes", help="a JSON file of problems to compare instead of the seed's")
     ap.add_argument("--seed", type=int, default=1, help="the sweep seed of the problems [1]")
     ap.add_argument("--count", type=int, default=300, help="problems drawn [300]")
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds of each config [7]")
@@ -70,14 +73,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def choices(seed: int, count: int, arch: str, num_sms: int) -> list:
-    """The config each problem of the seed gets from this process's heuristics (as a dict)."""
+def problem_list(args) -> list:
+    """The problems compared: --shapes', else the first --count of the sweep seed's."""
+    sweep = _sweep()
+    if not args.shapes:
+        return sweep.problems(args.seed, args.count)
+    from jitgemm.problem import LAYOUTS, Problem
+
+    rows = json.loads(Path(args.shapes).read_text())
+    return [Problem(m, n, k, dt, odt or dt, *LAYOUTS[lay], bool(c)) for m, n, k, lay, dt, odt, c in rows]
+
+
+def choices(args) -> list:
+    """The config each problem gets from this process's heuristics (as a dict)."""
     from jitgemm import heuristics
     from jitgemm.heuristics.device import DeviceSpec
 
     sweep = _sweep()
-    spec = DeviceSpec(arch, num_sms)
-    return [heuristics.select(sweep.kernel_problem(p), spec).to_dict() for p in sweep.problems(seed, count)]
+    spec = DeviceSpec(args.arch, args.num_sms)
+    return [heuristics.select(sweep.kernel_problem(p), spec).to_dict() for p in problem_list(args)]
 
 
 def _tree_choices(tree: Path, args, path: Path) -> list:
@@ -85,6 +99,8 @@ def _tree_choices(tree: Path, args, path: Path) -> list:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(tree), os.environ.get("PYTHONPATH"))))}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--dump", str(path), "--seed", str(args.seed)]
     cmd += ["--count", str(args.count), "--arch", args.arch, "--num-sms", str(args.num_sms)]
+    if args.shapes:
+        cmd += ["--shapes", str(Path(args.shapes).resolve())]
     subprocess.run(cmd, env=env, check=True, cwd=tree)
     return json.loads(path.read_text())
 
@@ -163,13 +179,14 @@ def measure(sweep_mod, s, index: int, p, cfg_ref, cfg_new, rounds: int) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dump:
-        Path(args.dump).write_text(json.dumps(choices(args.seed, args.count, args.arch, args.num_sms)))
+        Path(args.dump).write_text(json.dumps(choices(args)))
         return 0
     sweep_mod = _sweep()
-    plist = sweep_mod.problems(args.seed, args.count)
+    plist = problem_list(args)
     ref, new = both_choices(args)
     diff = differing(ref, new)
-    print(f"seed {args.seed}: {len(plist)} problems, {len(diff)} choose differently here than {args.ref}")
+    source = f"shapes {args.shapes}" if args.shapes else f"seed {args.seed}"
+    print(f"{source}: {len(plist)} problems, {len(diff)} choose differently here than {args.ref}")
     from jitgemm.config import KernelConfig
 
     pairs = [(i, KernelConfig.from_dict(ref[i]), KernelConfig.from_dict(new[i])) for i in diff]
@@ -194,7 +211,14 @@ def main(argv=None) -> int:
             f"  ratio {row['ratio']:.3f}  ({a.name} -> {b.name})",
             flush=True,
         )
-    result = {"ref": args.ref, "seed": args.seed, "count": args.count, "summary": summary(rows), "rows": rows}
+    result = {
+        "ref": args.ref,
+        "seed": args.seed,
+        "shapes": args.shapes,
+        "count": len(plist),
+        "summary": summary(rows),
+        "rows": rows,
+    }
     got = result["summary"]
     if got["timed"]:
         print(

@@ -43,7 +43,7 @@ def test_the_choices_are_those_of_select(ab):
     from jitgemm.heuristics.device import DeviceSpec
 
     sweep = load_example("sweep")
-    got = ab.choices(5, 6, "sm_90a", 132)
+    got = ab.choices(ab.parse_args(["--seed", "5", "--count", "6"]))
     want = [heuristics.select(sweep.kernel_problem(p), DeviceSpec("sm_90a", 132)) for p in sweep.problems(5, 6)]
     assert [KernelConfig.from_dict(c) for c in got] == want
 
@@ -52,3 +52,24 @@ def test_the_choices_are_those_of_select(ab):
 def test_bad_arguments(ab, bad):
     with pytest.raises(SystemExit):
         ab.parse_args(bad)
+
+
+def test_shapes_instead_of_a_seed(ab, capsys, tmp_path):
+    from jitgemm import heuristics
+    from jitgemm.heuristics.device import DeviceSpec
+    from jitgemm.problem import Problem
+
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text('[[512, 4096, 4096, "nn", "bf16", null, false], [3, 70, 19143, "tt", "fp16", "fp32", true]]')
+    args = ab.parse_args(["--shapes", str(shapes)])
+    assert ab.problem_list(args) == [
+        Problem(512, 4096, 4096, "bf16", "bf16", "K", "K", False),
+        Problem(3, 70, 19143, "fp16", "fp32", "M", "N", True),
+    ]
+    got = ab.choices(args)
+    assert (
+        got[0]
+        == heuristics.select(Problem(512, 4096, 4096, "bf16", "bf16", "K", "K"), DeviceSpec("sm_90a", 132)).to_dict()
+    )
+    assert ab.main(["--ref", "HEAD", "--list", "--shapes", str(shapes)]) == 0
+    assert f"shapes {shapes}: 2 problems, 0 choose differently" in capsys.readouterr().out
