@@ -19,8 +19,11 @@ class CaptureError(RuntimeError):
     """A call needs a kernel compiled or loaded while its stream captures a CUDA graph."""
 
 
-def stream_is_capturing(stream: int) -> bool:
-    status = runtime.check(driver.cuStreamIsCapturing(driver.CUstream(stream)), "cuStreamIsCapturing")
+def stream_is_capturing(stream) -> bool:
+    """Whether `stream` (a handle, or its driver.CUstream) is being captured into a graph."""
+    if not isinstance(stream, driver.CUstream):
+        stream = driver.CUstream(stream)
+    status = runtime.check(driver.cuStreamIsCapturing(stream), "cuStreamIsCapturing")
     return status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
@@ -39,6 +42,8 @@ class _Workspace:
     def __init__(self):
         self.ptr = 0
         self.sizes = (0,) * len(REGIONS)
+        self.regions = _region_pointers(0, self.sizes)
+        self.fitting: set = set()  # sizes asked for that fit: the buffer only grows, so they still do
         self.lock = threading.Lock()
 
     def ensure(self, sizes: tuple, stream: int) -> tuple:
@@ -46,6 +51,8 @@ class _Workspace:
         The caller holds `lock` until its launch is queued. Allocation and free are ordered on
         the stream (a plain cuMemAlloc would wait for the whole device: a kernel of another
         stream that waits for this one would then never see it launched)."""
+        if sizes in self.fitting:
+            return self.regions
         if any(size > have for size, have in zip(sizes, self.sizes)):
             cu_stream = driver.CUstream(stream)
             if self.ptr:  # freed once the earlier launches on this stream are done with it
@@ -56,7 +63,9 @@ class _Workspace:
             self.ptr = int(runtime.check(driver.cuMemAllocAsync(sum(sizes), cu_stream), "cuMemAllocAsync(workspace)"))
             _zero_counters(self.ptr, sizes, cu_stream)
             self.sizes = sizes
-        return _region_pointers(self.ptr, self.sizes)
+            self.regions = _region_pointers(self.ptr, sizes)
+        self.fitting.add(sizes)
+        return self.regions
 
 
 # The workspace's regions, in order: split-K partials, split-K tile counters, staged A, staged B.
@@ -86,11 +95,14 @@ _workspaces: dict = {}
 _workspaces_lock = threading.Lock()
 
 
-def _workspace(device: int, stream: int) -> _Workspace:
-    """The workspace of `stream`, keyed by the stream's unique id, not its handle: the
-    per-thread default stream has one handle in every thread, and a destroyed stream's handle
-    can come back for a new stream while the old one's kernels still run."""
-    stream_id = int(runtime.check(driver.cuStreamGetId(driver.CUstream(stream)), "cuStreamGetId"))
+def _workspace(device: int, stream) -> _Workspace:
+    """The workspace of `stream` (a handle, or its driver.CUstream), keyed by the stream's
+    unique id, not its handle: the per-thread default stream has one handle in every thread,
+    and a destroyed stream's handle can come back for a new stream while the old one's kernels
+    still run."""
+    if not isinstance(stream, driver.CUstream):
+        stream = driver.CUstream(stream)
+    stream_id = int(runtime.check(driver.cuStreamGetId(stream), "cuStreamGetId"))
     key = (device, stream_id)
     ws = _workspaces.get(key)
     if ws is None:
@@ -333,6 +345,8 @@ class KernelLaunch:
         "sources",
         "staged_maps",
         "staged_bytes",
+        "cu_stream",
+        "workspace_sizes",
     )
 
     def __init__(
@@ -405,6 +419,8 @@ class KernelLaunch:
         self.params = (ctypes.c_void_p * len(args))(*args)
         self.address = ctypes.addressof(self.params)
         self.config = runtime.launch_config(kernel, grid, stream)
+        self.cu_stream = driver.CUstream(stream)  # for the capture check and the workspace's lookup
+        self.workspace_sizes = self.workspace_bytes()
 
     def repoint(self, a: int, b: int, d: int, c: int) -> None:
         """Point each map at the operand its role names: a, b, d and c are addresses (c may be
@@ -447,12 +463,12 @@ class KernelLaunch:
     def _dispatch(self) -> None:
         if self.pointers is None and self.stage is None:
             self._launch()
-        elif stream_is_capturing(self.stream):
-            self._launch_with(_graph_workspaces.ensure(self.device, self.stream, self.workspace_bytes()))
+        elif stream_is_capturing(self.cu_stream):
+            self._launch_with(_graph_workspaces.ensure(self.device, self.stream, self.workspace_sizes))
         else:
-            ws = _workspace(self.device, self.stream)
+            ws = _workspace(self.device, self.cu_stream)
             with ws.lock:  # until the launches are queued: no other thread may grow or restage it
-                self._launch_with(ws.ensure(self.workspace_bytes(), self.stream))
+                self._launch_with(ws.ensure(self.workspace_sizes, self.stream))
 
     def _launch_with(self, regions: tuple) -> None:
         """Launch with the workspace's `regions` (REGIONS' pointers): the staging first."""

@@ -114,3 +114,33 @@ def test_graph_workspaces_free_only_released_buffers_of_the_current_device(monke
     assert len(modes) == 2  # relaxed capture mode set, then restored
     ws._free_released(1)
     assert sorted(freed) == [1001, 1003, 2001, 2003]
+
+
+def test_stream_workspace_grows_only_and_answers_sizes_that_fit_without_the_driver(monkeypatch):
+    """An eager stream's workspace: a larger size reallocates (the old buffer freed on the
+    stream, the counters zeroed) by half again at least; sizes that fitted once are answered
+    from the regions at hand, also after a later growth, without a driver call."""
+    from cuda.bindings import driver
+
+    from jitgemm import launch
+
+    ok = driver.CUresult.CUDA_SUCCESS
+    calls = []
+    pointers = iter((1 << 20, 2 << 20, 3 << 20))
+    monkeypatch.setattr(driver, "cuMemAllocAsync", lambda n, s: (calls.append(("alloc", n)), (ok, next(pointers)))[1])
+    monkeypatch.setattr(driver, "cuMemFreeAsync", lambda p, s: (calls.append(("free", p)), (ok,))[1])
+    monkeypatch.setattr(driver, "cuMemsetD32Async", lambda p, v, n, s: (calls.append(("zero", p, n)), (ok,))[1])
+    ws = launch._Workspace()
+    small, staged = (1000, 64, 0, 0), (0, 0, 4096, 0)
+    first = ws.ensure(small, 0)
+    assert first == (1 << 20, (1 << 20) + 1024, (1 << 20) + 1280, (1 << 20) + 1280)
+    assert calls == [("alloc", 1280), ("zero", (1 << 20) + 1024, 64)]
+    calls.clear()
+    assert ws.ensure(small, 0) == first and calls == []  # fits: no driver call
+    grown = ws.ensure(staged, 0)
+    assert ws.sizes == (1024, 256, 4096, 0) and grown[0] == 2 << 20
+    assert calls == [("free", 1 << 20), ("alloc", 1024 + 256 + 4096), ("zero", (2 << 20) + 1024, 64)]
+    calls.clear()
+    assert ws.ensure(small, 0) == grown and ws.ensure(staged, 0) == grown and calls == []
+    bigger = ws.ensure((2000, 0, 0, 0), 0)  # partials past 1024: 1.5x the old size at least
+    assert ws.sizes == (2048, 256, 4096, 0) and bigger[0] == 3 << 20
