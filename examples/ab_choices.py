@@ -6,16 +6,16 @@ judged by measurement, not by its own model.
     python examples/ab_choices.py --ref-tree DIR [...]   # the reference is a directory holding a tree
     python examples/ab_choices.py --shapes FILE [...]    # these problems instead of a sweep seed's
 
-The problems are examples/sweep.py's for the seed (`sweep.draw`), as gemm sees them
-(`sweep.kernel_problem`), or --shapes': a JSON list of [m, n, k, layout, dtype, out_dtype,
-has_c] (layout as sweep.py names them, out_dtype null for the input's). Each tree chooses in its own process (`heuristics.select`, this
-checkout's script with the tree's jitgemm; --ref is exported with `git archive` by
-examples/select_equality.py's `exported`; --ref-tree names a tree already on disk, for a machine
-without the git history). Every problem whose two configs differ is then run with
-each config forced (gemm's config=), on the same fresh random operands rotated over enough
-copies to defeat L2, both results checked into NaN-poisoned outputs against float64 with the
-sweep's elementwise bound; its time is the median of --rounds replays of a CUDA graph of 20
-calls (examples/benchmark.py's helpers), the two configs' rounds interleaved, the first
+The problems are examples/sweep.py's for the seed (`sweep.draw`), or those of --shapes (a JSON
+list of [m, n, k, layout, dtype, out_dtype, has_c], layout as sweep.py names them, out_dtype
+null for the input's), as gemm sees them (`sweep.kernel_problem`). Each tree chooses in its own
+process (`heuristics.select`, this checkout's script with the tree's jitgemm; --ref is exported
+with `git archive` by examples/select_equality.py's `exported`; --ref-tree names a tree already
+on disk, for a machine without the git history). Every problem whose two configs differ is
+then run with each config forced (gemm's config=), on the same fresh random operands rotated
+over enough copies to defeat L2, both results checked into NaN-poisoned outputs against float64
+with the sweep's elementwise bound; its time is the median of --rounds replays of a CUDA graph
+of 20 calls (examples/benchmark.py's helpers), the two configs' rounds interleaved, the first
 alternating.
 
 Prints each differing problem with both times and ratio = ref / this (above 1: this
@@ -74,14 +74,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def problem_list(args) -> list:
-    """The problems compared: --shapes', else the first --count of the sweep seed's."""
-    sweep = _sweep()
+    """The problems compared: those of --shapes, else the first --count of the sweep seed's.
+    ValueError naming --shapes for a file that is not a list of such rows."""
     if not args.shapes:
-        return sweep.problems(args.seed, args.count)
+        return _sweep().problems(args.seed, args.count)
     from jitgemm.problem import LAYOUTS, Problem
 
-    rows = json.loads(Path(args.shapes).read_text())
-    return [Problem(m, n, k, dt, odt or dt, *LAYOUTS[lay], bool(c)) for m, n, k, lay, dt, odt, c in rows]
+    try:
+        rows = json.loads(Path(args.shapes).read_text())
+        return [Problem(m, n, k, dt, odt or dt, *LAYOUTS[lay], bool(c)) for m, n, k, lay, dt, odt, c in rows]
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(
+            f"--shapes {args.shapes}: not a JSON list of [m, n, k, layout, dtype, out_dtype, has_c]: {exc}"
+        ) from None
 
 
 def choices(args) -> list:

@@ -73,3 +73,6 @@ def test_shapes_instead_of_a_seed(ab, capsys, tmp_path):
     )
     assert ab.main(["--ref", "HEAD", "--list", "--shapes", str(shapes)]) == 0
     assert f"shapes {shapes}: 2 problems, 0 choose differently" in capsys.readouterr().out
+    shapes.write_text('[[512, 4096, 4096, "xx", "bf16", null, false]]')
+    with pytest.raises(ValueError, match="--shapes"):
+        ab.problem_list(args)
