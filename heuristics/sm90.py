@@ -128,7 +128,10 @@ SPLITK_LAUNCH_CLK = 1500
 # (examples/data/calibration-sm_90a-132-2026-12-02.json: M-major A at M <= 64 measured 2-3.3x
 # its modelled time with 84-828 tiles sharing A, 1.2x with a few). Chosen on the even-indexed
 # half of its problems (the pick's measured time over the best candidate's, geomean 1.085 ->
-# 1.066; 1, 2, 3, 4 clk: 1.067-1.071); on the other half, held out, 1.087 -> 1.077.
+# 1.066; 1, 2, 3, 4 clk: 1.067-1.071); on the other half, held out, 1.087 -> 1.077. Timed on
+# the H200 against the model without it (examples/ab_choices.py, fresh seed 1843821192): the
+# 35 of 300 choices it changes ran 1.155x faster (29 faster, 3 slower); 2 and 3 clk pick worse
+# on both calibration sets (BENCHMARKS.md, session 4).
 LINE_REQUEST_CLK = 1.5
 
 
