@@ -49,6 +49,7 @@ import numpy as np
 from jitgemm import geometry
 from jitgemm.archs.sm90.layout import (
     SMEM_CAPACITY,
+    WGMMA_M,
     KernelLayout,
     layout_of,
     pair_along,
@@ -87,11 +88,12 @@ BLOCK_MS = (64, 128, 256)
 # 467 and 234 for the chosen m128n256 B pairs, but 8192^3 in 1632 against 1602, and m128n320
 # lost on all three. The model, given them, picks ones measured slower (m256n160, m256n176).
 BLOCK_NS = tuple(range(16, 257, 16))
-# swap_ab (D^T = B^T A^T, the user's M on the wgmma's N side) is forced-only as well: measured on
-# the H200 (bf16, medians of three interleaved passes, us) cuBLAS's own tile for 4096x576x7168,
-# 128 x 160 swapped on 130 CTAs, ran 51.4 unpaired and 52.7 in pairs sharing B against 51.9 for
-# the chosen 128x144 A pairs with a B tail (cuBLAS 48.7); 2048x576x7168 38.1 against 34.3;
-# 4096x768x4096 35.9 against 35.7; decode tiles with a 16-wide wgmma N ran within 3% of the choice.
+# swap_ab (D^T = B^T A^T, the user's M on the wgmma's N side) is costed only where M < N (and
+# beyond one 64-row atom: `swap_possible`). Where M is the larger side it did not pay: measured
+# on the H200 (bf16, medians of three interleaved passes, us) cuBLAS's own tile for
+# 4096x576x7168, 128 x 160 swapped on 130 CTAs, ran 51.4 unpaired and 52.7 in pairs sharing B
+# against 51.9 for the chosen 128x144 A pairs with a B tail (cuBLAS 48.7); 2048x576x7168 38.1
+# against 34.3; 4096x768x4096 35.9 against 35.7.
 CLUSTERS = ((1, "none"), (2, "A"), (2, "B"))
 
 # Split-K: candidate maximum split counts (KernelConfig.split_k) and the bounds on them.
@@ -163,7 +165,11 @@ def _side_rule(multicast: str) -> str:
 
 
 SHARED_WAVE_M_BLOCKS = 16
-SHARED_WAVE_MIN_N = 512
+# N of a shared wave: at least 192. The swapped tiles of M = 192..768 (kernel N = the user's M)
+# run at its rates on the H200 (bf16, N = K = 4096, us: M = 192 as m128n48 pairs in 16.6, M =
+# 512 as m128n128 pairs in 25.5, both in one wave of 128 CTAs), but not at N = 128 (swapped
+# m128n32 pairs ran 128x4096x7168 in 24.6 against 20.5 for the unswapped m64n128 pairs split 2).
+SHARED_WAVE_MIN_N = 192
 
 
 def shared_wave(problem: Problem, device: DeviceSpec, block_m, block_n, splits, cluster):
@@ -556,7 +562,8 @@ def costs(
     cycles: a dict of arrays, "cost", "sm_time", "l2_reads" and "splits" (what `_order` ranks
     by; "splits" the int 1 with `unsplit`, which says that no candidate splits), and with
     `report` the other terms `explain` reports (see `_terms`). The model reads tiles in user
-    coordinates: swap_ab configs (forced only) are not modelled. Rates: RATES (`device.rates`
+    coordinates: a swap_ab config is costed as the config of the transposed problem it runs as
+    (`transposed`, `unswapped`). Rates: RATES (`device.rates`
     of every sm_90a device). In two parts: `_wave_terms`, which M enters only through its m
     block counts, and `_byte_terms`."""
     k_blocks = ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype])
@@ -862,8 +869,9 @@ _ORDER_COLUMNS = np.array([Tiles.INTS.index(name) for name in ("block_m", "block
 
 def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidate:
     """`cfg` costed on `problem` with the terms `explain` reports (see `costs`)."""
-    if cfg.swap_ab:
-        raise ValueError(f"{cfg.name}: the sm_90a cost model does not model swap_ab configs")
+    if cfg.swap_ab:  # costed as the config of the transposed problem it runs as
+        plain = cost_of(transposed(problem), device, unswapped(cfg, problem))
+        return Candidate(cfg, plain.cost, (), plain.terms)
     t = Tiles.of([cfg])
     c = costs(problem, device, t, _tiling(problem, t), report=True)
     return Candidate(cfg, round(float(c["cost"][0]), 6), (), _terms(problem, device, t, c, 0))
@@ -1219,10 +1227,11 @@ def _search(problem: Problem, device: DeviceSpec, report: bool = False, rows: _R
     return _Search(lay, candidates, costed, first, count)
 
 
-def _best(problem: Problem, device: DeviceSpec) -> tuple[Tiles, int]:
-    """(candidates, the index of the one `_order` ranks first) of `_search`'s candidates, costed
-    from the `_skeleton` of the problem's kind, N, K and M grain; or, from the second problem of
-    a span of M on (`_span`), the span's own choice where the bounds prove one (`_span_choice`)."""
+def _best(problem: Problem, device: DeviceSpec) -> tuple[_Skeleton, int, dict | None]:
+    """(the `_skeleton` of the problem's kind, N, K and M grain, the index of its candidate that
+    `_order` ranks first, the candidates' `_grain_costs`); or, from the second problem of a span
+    of M on (`_span`), the span's own choice where the bounds prove one (`_span_choice`), and
+    None for the costs (not computed)."""
     if device.arch != ARCH:
         raise ValueError(f"the {ARCH} heuristics do not select for {device.arch!r}")
     s = _skeleton(device, _kind(problem), problem.n, problem.k, -(-problem.m // M_GRAIN))
@@ -1236,8 +1245,9 @@ def _best(problem: Problem, device: DeviceSpec) -> tuple[Tiles, int]:
     if seen[1] is None and seen[0] >= SPAN_PROOF_AFTER:
         seen[1] = _span_choice(problem, s, span)
     if seen[1] is not None and seen[1] >= 0:
-        return s.candidates, seen[1]
-    return s.candidates, _order(s.candidates, _grain_costs(problem, s), 1)[0]
+        return s, seen[1], None
+    c = _grain_costs(problem, s)
+    return s, _order(s.candidates, c, 1)[0], c
 
 
 SPAN_ROWS = 8  # see `_span`
@@ -1410,9 +1420,120 @@ def _completed(cfg: KernelConfig, split_k: int, a_rows: int, raster: str, group_
 
 
 def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
-    """The configuration the cost model ranks first (deterministic; heuristics.select memoises it)."""
-    t, best = _best(problem, device)
-    return _finish(t, best, problem, device)
+    """The configuration the cost model ranks first, swapped (`_swap_ranked`) where that costs
+    less (deterministic; heuristics.select memoises it)."""
+    s, best, c = _best(problem, device)
+    chosen = _finish(s.candidates, best, problem, device)
+    if not swap_possible(problem):
+        return chosen
+    q = transposed(problem)
+    sq = _skeleton(device, _kind(q), q.n, q.k, -(-q.m // M_GRAIN))
+    if sq is None:
+        return chosen
+    cq = _plain_costs(sq.candidates, sq.layouts, _grain_costs(q, sq))
+    own = _round6(float((c or _grain_costs(problem, s))["cost"][best]))
+    if not _round6(float(cq["cost"].min())) < own:  # no swapped candidate costs less
+        return chosen
+    # the cheapest swapped candidate: the transposed problem's first, unless it cannot run swapped
+    swap = _swap_ranked(problem, device, sq.candidates, cq, 1) or _swap_ranked(problem, device, sq.candidates, cq)
+    return swap[0][2] if swap and swap[0][0] < own else chosen
+
+
+# ----------------------------------------------------------------------------- swap_ab
+#
+# Under swap_ab the kernel runs the transposed problem D^T = B^T A^T (jitgemm.geometry): the
+# user's M lands on the wgmma's N side, in steps of 16 rather than of 64-row atoms. A swapped
+# candidate is the unswapped config of the transposed problem with the roles of A and B
+# exchanged, and is costed as that. It matters where M is a few hundred rows and N large: the
+# user's M then splits into tiles that fill one wave without padding. Measured on the H200
+# (bf16, b = W.t(), N = K = 4096, us, graph replays, 2026-12-02): M = 320 ran 18.9 swapped
+# (128 CTAs of 64 x 160) against 34.0 unswapped (87 CTAs of 128 x 144, the last m block half
+# past M) and 18.7 for cuBLAS; M = 576 28.2 against 37.6 (cuBLAS 30.8).
+
+
+def swap_possible(problem: Problem) -> bool:
+    """Whether swapped candidates are costed: the swapped epilogue's limits (a 16-bit output
+    without C, TMA-addressable; see layout.structural_problems), M < N (the smaller side on the
+    wgmma's N) and M beyond one 64-row atom. Up to one atom an unswapped tile loads only M's
+    rows (`_a_rows`) and can split K, which a swapped one cannot; there the model would
+    prefer an unsplit swapped m64n16 on 33 CTAs to 132 CTAs of split m64n64 for 1x2112x7168
+    (its DRAM streaming term does not see how few CTAs are left to stream)."""
+    return (
+        problem.out_dtype != "fp32"
+        and not problem.has_c
+        and bool(problem.aligned_out)
+        and WGMMA_M < problem.m < problem.n
+    )
+
+
+def transposed(problem: Problem) -> Problem:
+    """The problem D^T = B^T A^T that a swapped config of `problem` runs as."""
+    return Problem(
+        problem.n,
+        problem.m,
+        problem.k,
+        problem.dtype,
+        problem.out_dtype,
+        "K" if problem.b_major == "K" else "M",
+        "K" if problem.a_major == "K" else "N",
+        problem.has_c,
+    )
+
+
+_OTHER_OPERAND = {"A": "B", "B": "A", "none": "none"}
+
+
+def swapped(cfg: KernelConfig, problem: Problem) -> KernelConfig:
+    """The swap_ab config of `problem` that runs as `cfg` runs its transpose (tile fields in
+    kernel coordinates; `multicast` names the user's operand, the other side of the kernel's)."""
+    return _swapped(cfg, problem.a_major, problem.b_major)
+
+
+@functools.lru_cache(maxsize=4096)
+def _swapped(cfg: KernelConfig, a_major: str, b_major: str) -> KernelConfig:
+    """`swapped` (memoised: many problems end in the same config)."""
+    return with_fields(cfg, swap_ab=True, a_major=a_major, b_major=b_major, multicast=_OTHER_OPERAND[cfg.multicast])
+
+
+def unswapped(cfg: KernelConfig, problem: Problem) -> KernelConfig:
+    """The config of `transposed(problem)` that the swap_ab config `cfg` runs as (`swapped`'s inverse)."""
+    t = transposed(problem)
+    return with_fields(
+        cfg, swap_ab=False, a_major=t.a_major, b_major=t.b_major, multicast=_OTHER_OPERAND[cfg.multicast]
+    )
+
+
+SWAP_TRIES = 4  # the transposed problem's candidates tried, cheapest first, for ones that run swapped
+
+
+def _swap_ranked(problem: Problem, device: DeviceSpec, t: Tiles, c: dict, tries: int = SWAP_TRIES) -> list[tuple]:
+    """(rounded cost, index, swapped config) of the swapped candidates of `problem`, cheapest
+    first: of the first `tries` candidates `t` of the transposed problem, costed `c` by
+    `_plain_costs` (those that cannot run swapped at infinity), those whose completed config has
+    no a_rows and lays out swapped."""
+    q, out = transposed(problem), []
+    for i in _order(t, c, tries):
+        if not np.isfinite(c["cost"][i]):
+            break
+        cfg = _finish(t, i, q, device)
+        swap = None if cfg.a_rows else swapped(cfg, problem)
+        if swap is not None and not structural_problems(swap):
+            out.append((_round6(float(c["cost"][i])), i, swap))
+    return out
+
+
+SWAP_MAX_BLOCK_M = 128  # see `_plain_costs`
+
+
+def _plain_costs(t: Tiles, lay: _Layouts, c: dict) -> dict:
+    """`costs` `c` of the candidates `t` with those that do not run swapped at infinity: split,
+    a B-tail variant (a layout row from `lay.staged` on), and tiles of more than
+    SWAP_MAX_BLOCK_M kernel rows. The model prices 256-row tiles below their measured times in
+    either orientation; swapped, they lost to the unswapped choice on the H200 (bf16, us, N = K
+    = 4096): m256n112 ran M = 896 in 51.1 against 44.9 for m128n256, m256n128 M = 1024 in 52.3
+    against 46.0, and m256n80 M = 640 in 34.3 against 31.8 for the swapped m128n160."""
+    plain = (t.split_k == 1) & (t.origin < lay.staged) & (t.block_m <= SWAP_MAX_BLOCK_M)
+    return {**c, "cost": np.where(plain, c["cost"], np.inf)}
 
 
 def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
@@ -1425,6 +1546,13 @@ def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
         Candidate(_finish(t, i, problem, device), round(float(c["cost"][i]), 6), (), _terms(problem, device, t, c, i))
         for i in _order(t, c, max(1, top))
     ]
+    q = transposed(problem)
+    if swap_possible(problem) and _skeleton(device, _kind(q), q.n, q.k, -(-q.m // M_GRAIN)) is not None:
+        # the swapped candidates, with the terms of the transposed problem they run as
+        sq = _search(q, device, report=True)
+        swaps = _swap_ranked(problem, device, sq.candidates, _plain_costs(sq.candidates, sq.layouts, sq.costs))
+        shown += [Candidate(cfg, cost, (), _terms(q, device, sq.candidates, sq.costs, i)) for cost, i, cfg in swaps]
+        shown.sort(key=lambda cand: cand.cost)  # (stable: on a tie the unswapped candidate stays first)
     return explanation(
         problem,
         device,

@@ -574,6 +574,15 @@ def test_every_selected_config_is_sound(device):
             p.has_c,
         ), where
         assert cfg.block_k * 2 == 128, where
+        assert not structural_problems(cfg), where
+        assert check_config(cfg, p, device) == [], where
+        if cfg.swap_ab:
+            # swapped only where the model costs it, unsplit and 128 kernel rows at most; the
+            # rest holds of the config of the transposed problem it runs as
+            assert sm90.swap_possible(p) and cfg.block_m <= sm90.SWAP_MAX_BLOCK_M, where
+            assert (cfg.split_k, cfg.a_rows, cfg.b_tail) == (1, 0, False), where
+            p, cfg = sm90.transposed(p), sm90.unswapped(cfg, p)
+            assert layout_of(cfg).smem_bytes == lay.smem_bytes and sm90.with_stages(cfg, device)[0] == cfg, where
         # fits shared memory; at least 3 stages, 4 for tiles under 128x192
         assert lay.smem_bytes <= device.smem_capacity == CAPACITY, where
         assert cfg.num_stages >= 3, where
@@ -611,8 +620,6 @@ def test_every_selected_config_is_sound(device):
             assert p.out_dtype != "fp32", where
         assert cfg.block_m in (64, 128, 256) and cfg.block_n % 16 == 0, where
         assert cfg.group_size in (8, 16) and cfg.raster in ("m", "n"), where
-        assert not structural_problems(cfg), where
-        assert check_config(cfg, p, device) == [], where
 
 
 def test_odd_sm_count_never_clusters():
@@ -736,7 +743,7 @@ def test_shared_wave_needs_one_wave_of_128_row_tiles_over_16_m_blocks():
     assert not sm90.shared_wave(Problem(2048, 576, 7168), H200, 64, 144, 1, 2)  # 64-row tiles
     assert not sm90.shared_wave(Problem(4096, 576, 7168), H200, 128, 96, 1, 1)  # 192 tiles: 2 waves
     assert not sm90.shared_wave(Problem(1024, 576, 7168), H200, 128, 144, 1, 1)  # 8 m blocks
-    assert not sm90.shared_wave(Problem(4096, 256, 7168), H200, 128, 128, 1, 1)  # N < 512
+    assert not sm90.shared_wave(Problem(4096, 128, 7168), H200, 128, 128, 1, 1)  # N < 192
     # only there do B tails and A pairs in one wave get costed
     assert select(Problem(4096, 576, 7168), H200).b_tail
     assert not select(Problem(128, 2112, 7168), H200).b_tail

@@ -39,7 +39,7 @@ def test_choices_match_the_recorded_ones():
 def _forget_problems():
     """Clear select's memos of problems and of their parts (what a problem's N, K or M grain
     make of a kind's layouts, the raster walks, the finished configs), not the kinds' layouts."""
-    for memo in (heuristics.select, geometry.choose_raster, sm90._skeleton, sm90._by_n, sm90._completed):
+    for memo in (heuristics.select, geometry.choose_raster, sm90._skeleton, sm90._by_n, sm90._completed, sm90._swapped):
         memo.cache_clear()
     sm90._last_partial_rows.cache_clear()
 
@@ -89,16 +89,25 @@ def test_choices_over_dense_m_match_the_recorded_ones():
 
 def test_select_equals_the_reference_search():
     """select (from the memos of N, of M grains and of spans of M) chooses what the reference
-    search does: every legal candidate costed at once by `costs` (`_search`, as explain)."""
+    search does: every legal candidate costed at once by `costs` (`_search`, as explain), and
+    the transposed problem's for the swapped candidates."""
     problems = random_problems(41, 150)
     w = (4096, 14336, "bf16", None, "K", "K")
     problems += [Problem(m, *w) for m in random.Random(4).sample(range(1, 700), 400)]
     _forget_problems()
+    swaps = 0
     for p in problems:
         s = sm90._search(p, H200)
-        want = sm90._finish(s.candidates, sm90._order(s.candidates, s.costs, 1)[0], p, H200)
+        i = sm90._order(s.candidates, s.costs, 1)[0]
+        want = sm90._finish(s.candidates, i, p, H200)
+        if sm90.swap_possible(p):
+            sq = sm90._search(sm90.transposed(p), H200)
+            swap = sm90._swap_ranked(p, H200, sq.candidates, sm90._plain_costs(sq.candidates, sq.layouts, sq.costs))
+            if swap and swap[0][0] < round(float(s.costs["cost"][i]), 6):
+                want, swaps = swap[0][2], swaps + 1
         assert heuristics.select(p, H200) == want, p
         assert heuristics.explain(p, H200, top=1)["chosen"] == want.to_dict(), p
+    assert swaps > 20, swaps  # swapped choices were compared too
 
 
 def test_selection_latency_of_fresh_problems(capsys):
