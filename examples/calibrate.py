@@ -520,13 +520,12 @@ def read_measurements(path: Path) -> tuple[dict, list[Sample]]:
 
 def model_cycles(problem: Problem, device: DeviceSpec, configs: list) -> np.ndarray:
     """The modelled cost (clock cycles) of each config on `problem`, by the arch's own cost
-    functions at the rates in effect: sm_90a's `costs` over all of them at once, as its select
-    costs its candidates (the same numbers as its `cost_of`, one call per problem); other
-    arches' `cost_of`, one config at a time."""
+    functions at the rates in effect: sm_90a's `costs_of`, all of them at once, as its select
+    costs its candidates (the same numbers as its `cost_of`); other arches' `cost_of`, one
+    config at a time."""
     rules = registry.get(device.arch).rules
-    if hasattr(rules, "Tiles") and hasattr(rules, "costs"):
-        t = rules.Tiles.of(configs)
-        return np.asarray(rules.costs(problem, device, t, rules._tiling(problem, t))["cost"], dtype=float)
+    if hasattr(rules, "costs_of"):
+        return np.asarray(rules.costs_of(problem, device, configs), dtype=float)
     return np.array([rules.cost_of(problem, device, cfg).cost for cfg in configs], dtype=float)
 
 

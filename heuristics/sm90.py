@@ -877,6 +877,20 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
     return Candidate(cfg, round(float(c["cost"][0]), 6), (), _terms(problem, device, t, c, 0))
 
 
+def costs_of(problem: Problem, device: DeviceSpec, configs: list) -> np.ndarray:
+    """The modelled cost (clock cycles) of each of `configs` on `problem`, costed all at once as
+    select costs its candidates (the same numbers as `cost_of`): the swapped ones as the
+    configs of the transposed problem they run as."""
+    out = np.empty(len(configs))
+    for swap in (False, True):
+        rows = [i for i, cfg in enumerate(configs) if cfg.swap_ab == swap]
+        if rows:
+            p = transposed(problem) if swap else problem
+            t = Tiles.of([unswapped(configs[i], problem) if swap else configs[i] for i in rows])
+            out[rows] = costs(p, device, t, _tiling(p, t))["cost"]
+    return out
+
+
 # ----------------------------------------------------------------------------- search
 
 
@@ -1453,17 +1467,12 @@ def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
 
 def swap_possible(problem: Problem) -> bool:
     """Whether swapped candidates are costed: the swapped epilogue's limits (a 16-bit output
-    without C, TMA-addressable; see layout.structural_problems), M < N (the smaller side on the
-    wgmma's N) and M beyond one 64-row atom. Up to one atom an unswapped tile loads only M's
+    without C; see layout.structural_problems), M < N (the smaller side on the wgmma's N) and M
+    beyond one 64-row atom. Up to one atom an unswapped tile loads only M's
     rows (`_a_rows`) and can split K, which a swapped one cannot; there the model would
     prefer an unsplit swapped m64n16 on 33 CTAs to 132 CTAs of split m64n64 for 1x2112x7168
     (its DRAM streaming term does not see how few CTAs are left to stream)."""
-    return (
-        problem.out_dtype != "fp32"
-        and not problem.has_c
-        and bool(problem.aligned_out)
-        and WGMMA_M < problem.m < problem.n
-    )
+    return problem.out_dtype != "fp32" and not problem.has_c and WGMMA_M < problem.m < problem.n
 
 
 def transposed(problem: Problem) -> Problem:

@@ -1401,3 +1401,29 @@ def test_decode_tiles_load_only_the_rows_of_a_that_exist():
     assert select(Problem(20, 4096, 7168, "bf16", "bf16", "K", "N"), H200).a_rows == 24
     assert select(Problem(1, 4096, 7168, "bf16", "bf16", "M", "N"), H200).a_rows == 0  # M-major A
     assert select(Problem(4096, 4096, 4096, "bf16", "bf16", "K", "N"), H200).a_rows == 0
+
+
+def test_swapped_tiles_are_costed_as_the_transposed_problem_and_chosen_where_cheaper():
+    # b = W.t(), N = K = 4096, M = 512: measured on the H200 (bf16, us), the swapped m128n128
+    # pairs ran 25.5 against 36.3 for the unswapped m256n96 pairs chosen before, cuBLAS 26.2
+    p = Problem(512, 4096, 4096, "bf16", "bf16", "K", "K")
+    cfg = select(p, H200)
+    assert cfg.swap_ab and (cfg.block_m, cfg.block_n, cfg.split_k, cfg.a_rows) == (128, 128, 1, 0), cfg.name
+    assert not check_config(cfg, p, H200)
+    q, plain = sm90.transposed(p), sm90.unswapped(cfg, p)
+    assert (q.m, q.n, q.a_major, q.b_major) == (4096, 512, "K", "K")
+    assert sm90.swapped(plain, p) == cfg and plain.multicast == {"A": "B", "B": "A", "none": "none"}[cfg.multicast]
+    cost = sm90.cost_of(p, H200, cfg).cost
+    assert cost == sm90.cost_of(q, H200, plain).cost == pytest.approx(sm90.costs_of(p, H200, [cfg])[0])
+    shown = explain(p, H200, top=3)
+    assert shown["chosen"] == cfg.to_dict() and shown["candidates"][0]["name"] == cfg.name
+    assert any(not c["config"]["swap_ab"] for c in explain(p, H200, top=40)["candidates"])
+    # costed only for a 16-bit output without C, M < N and M beyond one 64-row atom
+    for m, n, out_dtype, has_c in (
+        (64, 4096, "bf16", False),
+        (4096, 512, "bf16", False),
+        (512, 4096, "fp32", False),
+        (512, 4096, "bf16", True),
+    ):
+        other = Problem(m, n, 4096, "bf16", out_dtype, "K", "K", has_c)
+        assert not sm90.swap_possible(other) and not select(other, H200).swap_ab
