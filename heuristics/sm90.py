@@ -1332,14 +1332,26 @@ class _Skeleton(NamedTuple):
 
 
 @functools.lru_cache(maxsize=256)
-def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int) -> _Skeleton | None:
+def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int, plain: bool = False) -> _Skeleton | None:
     """`_Skeleton` of the problems of `kind` with N = n, K = k and ceil(M / M_GRAIN) = m_grains
-    (None when no candidate is legal)."""
+    (None when no candidate is legal); with `plain`, of the candidates that can run swapped
+    only (`_plain_costs`: the legal unsplit layouts of SWAP_MAX_BLOCK_M rows at most, no B
+    tail), costed alike."""
     like = _Shape((m_grains - 1) * M_GRAIN + 1, n, k, *kind)  # (the least M of the grain)
     r = _rows(like, device, moves=False)
     lay, t, til = r.layouts, r.layouts.tiles, r.tiling
     legal = r.unsplit(device)
-    if legal is None:
+    if plain:
+        if legal is None:
+            first, end, _ = r.splits(device)
+            legal = (first == 0) & (end > 0)
+        legal[lay.staged :] = False
+        rows = (legal & (t.block_m <= SWAP_MAX_BLOCK_M)).nonzero()[0]
+        if not len(rows):
+            return None
+        t, til, legal = t.take(rows), til.take(rows), None
+        w = _wave_terms(device, t, til, r.k_blocks, til.wide is not None, True, False)
+    elif legal is None:
         first, end, _ = r.splits(device)
         rows, split = ((first[:, None] <= SPLIT_INDEX) & (SPLIT_INDEX < end[:, None])).nonzero()
         if not len(rows):
@@ -1349,7 +1361,8 @@ def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int) ->
         return None
     else:
         rows = slice(None)  # every layout
-    w = _wave_terms(device, t, til, r.k_blocks, til.wide is not None, legal is not None, False)
+    if not plain:
+        w = _wave_terms(device, t, til, r.k_blocks, til.wide is not None, legal is not None, False)
     b_reads = r.b_reads[rows]
     return _Skeleton(
         lay,
@@ -1441,10 +1454,10 @@ def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
     if not swap_possible(problem):
         return chosen
     q = transposed(problem)
-    sq = _skeleton(device, _kind(q), q.n, q.k, -(-q.m // M_GRAIN))
+    sq = _skeleton(device, _kind(q), q.n, q.k, -(-q.m // M_GRAIN), plain=True)
     if sq is None:
         return chosen
-    cq = _plain_costs(sq.candidates, sq.layouts, _grain_costs(q, sq))
+    cq = _grain_costs(q, sq)
     own = _round6(float((c or _grain_costs(problem, s))["cost"][best]))
     if not _round6(float(cq["cost"].min())) < own:  # no swapped candidate costs less
         return chosen
@@ -1517,9 +1530,9 @@ SWAP_TRIES = 4  # the transposed problem's candidates tried, cheapest first, for
 
 def _swap_ranked(problem: Problem, device: DeviceSpec, t: Tiles, c: dict, tries: int = SWAP_TRIES) -> list[tuple]:
     """(rounded cost, index, swapped config) of the swapped candidates of `problem`, cheapest
-    first: of the first `tries` candidates `t` of the transposed problem, costed `c` by
-    `_plain_costs` (those that cannot run swapped at infinity), those whose completed config has
-    no a_rows and lays out swapped."""
+    first: of the first `tries` candidates `t` of the transposed problem, costed `c` (those
+    that cannot run swapped at infinity, `_plain_costs`, or left out, a plain `_skeleton`),
+    those whose completed config has no a_rows and lays out swapped."""
     q, out = transposed(problem), []
     for i in _order(t, c, tries):
         if not np.isfinite(c["cost"][i]):
