@@ -212,6 +212,32 @@ def test_forced_swap_ab_many_tiles_per_cta(name, knobs, shape, layout, gen):
     check_forced(cfg, many_tiles_shape(cfg, shape), layout, gen)
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["c", "out_is_c"])
+@pytest.mark.parametrize("many_tiles", [False, True], ids=["one_tile", "many_tiles"])
+@pytest.mark.parametrize("layout", LAYOUTS + [("row", "col"), ("col", "row")], ids=["rr", "cc", "rc", "cr"])
+@pytest.mark.parametrize("name, knobs, shape", SWAP_CASES, ids=[c[0] for c in SWAP_CASES])
+def test_forced_swap_ab_with_c(name, knobs, shape, layout, many_tiles, in_place, gen):
+    """The swapped epilogue adds C read back transposed from its staged box (odd N: C read and
+    D written directly), into a separate output or in place, alone on its CTA or several tiles
+    per CTA."""
+    import torch
+
+    dtype = "fp16" if in_place else "bf16"
+    cfg = forced_config({**knobs, "swap_ab": True}, dtype, dtype, *layout, has_c=True)
+    m, n, k = many_tiles_shape(cfg, shape) if many_tiles else shape
+    a = random_operand(m, k, dtype, layout[0], gen)
+    b = random_operand(k, n, dtype, layout[1], gen)
+    c = random_operand(m, n, dtype, "row", gen)
+    buf, out = guarded_out(m, n, dtype)
+    if in_place:
+        out.copy_(c)
+        c, before = out, c
+    jitgemm.gemm(a, b, out=out, c=c, alpha=0.5, beta=-2.0, config=cfg)
+    torch.cuda.synchronize()
+    assert guard_untouched(buf, m, n), f"{cfg.name} wrote outside the output"
+    assert_close(out, a, b, dtype, c=before if in_place else c, alpha=0.5, beta=-2.0)
+
+
 def knobs_of(name):
     return next(knobs for case, knobs, _ in CASES if case == name)
 

@@ -1418,12 +1418,12 @@ def test_swapped_tiles_are_costed_as_the_transposed_problem_and_chosen_where_che
     shown = explain(p, H200, top=3)
     assert shown["chosen"] == cfg.to_dict() and shown["candidates"][0]["name"] == cfg.name
     assert any(not c["config"]["swap_ab"] for c in explain(p, H200, top=40)["candidates"])
-    # costed only for a 16-bit output without C, M < N and M beyond one 64-row atom
+    # costed only for a 16-bit output, M < N and M beyond one 64-row atom
     for m, n, out_dtype, has_c in (
         (64, 4096, "bf16", False),
         (4096, 512, "bf16", False),
         (512, 4096, "fp32", False),
-        (512, 4096, "bf16", True),
+        (512, 4096, "fp32", True),
     ):
         other = Problem(m, n, 4096, "bf16", out_dtype, "K", "K", has_c)
         assert not sm90.swap_possible(other) and not select(other, H200).swap_ab

@@ -31,10 +31,12 @@ KNOB_CONFIGS = [
     KernelConfig(
         block_m=256, block_n=96, num_stages=4, swap_ab=True, a_major="M", b_major="K", dtype="fp16", out_dtype="fp16"
     ),
+    KernelConfig(block_n=96, num_stages=6, cluster_size=2, multicast="A", swap_ab=True, has_c=True, b_major="K"),
     # outputs written (and C read) with st.global / ld.global (issue 20)
     KernelConfig(num_stages=4, has_c=True, out_direct=True, out_dtype="fp32"),
     KernelConfig(block_m=64, num_consumers=1, block_n=128, num_stages=6, split_k=3, has_c=True, out_direct=True),
     KernelConfig(block_n=64, num_stages=5, swap_ab=True, a_major="M", out_direct=True),
+    KernelConfig(block_n=48, num_stages=6, swap_ab=True, has_c=True, out_direct=True, dtype="fp16", out_dtype="fp16"),
     KernelConfig(block_n=256, num_stages=4, b_major="K", out_direct=True),
 ]
 
@@ -209,7 +211,6 @@ def test_swap_ab_rules():
     base = dict(block_n=160, num_stages=4, swap_ab=True)
     for bad in (
         dict(out_dtype="fp32"),
-        dict(has_c=True),
         dict(split_k=2),
         dict(block_m=64, num_consumers=1, a_rows=8),
         dict(b_tail=True),
@@ -217,4 +218,5 @@ def test_swap_ab_rules():
         problems = structural_problems(KernelConfig(**{**base, **bad}))
         assert any("swap_ab needs a 16-bit output" in p for p in problems), bad
     assert not structural_problems(KernelConfig(**base))
+    assert not structural_problems(KernelConfig(**base, has_c=True))  # C read back transposed
     assert any("wgmma's N" in p for p in structural_problems(KernelConfig(**{**base, "block_n": 288})))

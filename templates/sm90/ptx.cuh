@@ -39,6 +39,14 @@ __device__ __forceinline__ void stmatrix_x4_trans(u32 addr, u32 r0, u32 r1, u32 
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], { %1, %2, %3, %4 };"
                  :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
 }
+{% if cfg.swap_ab and cfg.has_c %}
+// Loads four 8x8 16-bit matrices transposed, the inverse of stmatrix_x4_trans with the same
+// addresses: register q receives the elements stmatrix_x4_trans stores from register q.
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3 }, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
+}
+{% endif %}
 // ---- wgmma ----
 // Shared-memory matrix descriptor; `layout` in bits 62-63: 1 = 128B, 2 = 64B, 3 = 32B swizzle.
 __device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo, u32 sbo, u32 layout) {
