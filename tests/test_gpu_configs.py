@@ -220,22 +220,9 @@ def test_forced_swap_ab_with_c(name, knobs, shape, layout, many_tiles, in_place,
     """The swapped epilogue adds C read back transposed from its staged box (odd N: C read and
     D written directly), into a separate output or in place, alone on its CTA or several tiles
     per CTA."""
-    import torch
-
     dtype = "fp16" if in_place else "bf16"
     cfg = forced_config({**knobs, "swap_ab": True}, dtype, dtype, *layout, has_c=True)
-    m, n, k = many_tiles_shape(cfg, shape) if many_tiles else shape
-    a = random_operand(m, k, dtype, layout[0], gen)
-    b = random_operand(k, n, dtype, layout[1], gen)
-    c = random_operand(m, n, dtype, "row", gen)
-    buf, out = guarded_out(m, n, dtype)
-    if in_place:
-        out.copy_(c)
-        c, before = out, c
-    jitgemm.gemm(a, b, out=out, c=c, alpha=0.5, beta=-2.0, config=cfg)
-    torch.cuda.synchronize()
-    assert guard_untouched(buf, m, n), f"{cfg.name} wrote outside the output"
-    assert_close(out, a, b, dtype, c=before if in_place else c, alpha=0.5, beta=-2.0)
+    check_forced_with_c(cfg, many_tiles_shape(cfg, shape) if many_tiles else shape, layout, in_place, gen)
 
 
 def knobs_of(name):
@@ -260,25 +247,30 @@ C_KNOBS = [
 @pytest.mark.parametrize("knobs", C_KNOBS, ids=["plain", "mcastA", "splitk", "b_tail", "mcastB", "wide_ring"])
 @pytest.mark.parametrize("odt", ["fp32", "bf16"])
 def test_forced_config_with_c(knobs, odt, many_tiles, in_place, gen):
-    import torch
-
     cfg = forced_config(knobs, "bf16", odt, "row", "row", has_c=True)
     if cfg.num_stages < 3:
         pytest.skip("an fp32 tile this wide leaves too few stages: the heuristics never emit it")
-    m, n, k = 515, 5 * 128 - 3 + 3, 700
-    if many_tiles:
-        m, n, k = many_tiles_shape(cfg, (m, n, k))
-    a = random_operand(m, k, "bf16", "row", gen)
-    b = random_operand(k, n, "bf16", "row", gen)
-    c = random_operand(m, n, odt, "row", gen)
-    buf, out = guarded_out(m, n, odt)
+    shape = (515, 5 * 128 - 3 + 3, 700)
+    check_forced_with_c(cfg, many_tiles_shape(cfg, shape) if many_tiles else shape, ("row", "row"), in_place, gen)
+
+
+def check_forced_with_c(cfg, shape, layout, in_place, gen):
+    """`check_forced` with a row-major C (alpha 0.5, beta -2): a separate array, or (`in_place`)
+    the output itself holding C."""
+    import torch
+
+    m, n, k = shape
+    a = random_operand(m, k, cfg.dtype, layout[0], gen)
+    b = random_operand(k, n, cfg.dtype, layout[1], gen)
+    c = random_operand(m, n, cfg.out_dtype, "row", gen)
+    buf, out = guarded_out(m, n, cfg.out_dtype)
     if in_place:
         out.copy_(c)
         c, before = out, c
     jitgemm.gemm(a, b, out=out, c=c, alpha=0.5, beta=-2.0, config=cfg)
     torch.cuda.synchronize()
-    assert guard_untouched(buf, m, n)
-    assert_close(out, a, b, odt, c=before if in_place else c, alpha=0.5, beta=-2.0)
+    assert guard_untouched(buf, m, n), f"{cfg.name} wrote outside the output"
+    assert_close(out, a, b, cfg.out_dtype, c=before if in_place else c, alpha=0.5, beta=-2.0)
 
 
 def test_split_k_inside_a_captured_graph(gen):
