@@ -50,6 +50,14 @@ CASES = [
         False,
     ),
     ("swap_ab", dict(block_n=80, num_stages=5, swap_ab=True), (200, 700, 300), "row", "col", False),
+    (  # C read back transposed (ldmatrix) from the staged box, in pairs
+        "swap_ab_c",
+        dict(block_n=48, num_stages=6, swap_ab=True, has_c=True, cluster_size=2, multicast="B"),
+        (150, 900, 300),
+        "row",
+        "col",
+        True,
+    ),
     ("c_epilogue", dict(block_n=128, num_stages=4, has_c=True, out_dtype="fp32"), (300, 333, 200), "row", "row", True),
     ("b_tail", dict(block_n=144, num_stages=4, b_tail=True), (300, 500, 200), "row", "row", False),
     (
