@@ -1481,10 +1481,10 @@ def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
 def swap_possible(problem: Problem) -> bool:
     """Whether swapped candidates are costed: the swapped epilogue's limits (a 16-bit output;
     see layout.structural_problems), M < N (the smaller side on the wgmma's N) and M beyond
-    one 64-row atom. Up to one atom an unswapped tile loads only M's
-    rows (`_a_rows`) and can split K, which a swapped one cannot; there the model would
-    prefer an unsplit swapped m64n16 on 33 CTAs to 132 CTAs of split m64n64 for 1x2112x7168
-    (its DRAM streaming term does not see how few CTAs are left to stream)."""
+    one 64-row atom. Up to one atom an unswapped tile loads only M's rows (`_a_rows`) and can
+    split K, which a swapped one cannot; there the model would prefer an unsplit swapped
+    m64n16 on 33 CTAs to 132 CTAs of split m64n64 for 1x2112x7168 (its DRAM streaming term
+    does not see how few CTAs are left to stream)."""
     return problem.out_dtype != "fp32" and WGMMA_M < problem.m < problem.n
 
 
