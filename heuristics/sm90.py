@@ -563,8 +563,8 @@ def costs(
     by; "splits" the int 1 with `unsplit`, which says that no candidate splits), and with
     `report` the other terms `explain` reports (see `_terms`). The model reads tiles in user
     coordinates: a swap_ab config is costed as the config of the transposed problem it runs as
-    (`transposed`, `unswapped`). Rates: RATES (`device.rates`
-    of every sm_90a device). In two parts: `_wave_terms`, which M enters only through its m
+    (`transposed`, `unswapped`). Rates: RATES (`device.rates` of every sm_90a device). In two
+    parts: `_wave_terms`, which M enters only through its m
     block counts, and `_byte_terms`."""
     k_blocks = ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype])
     shared = til.wide is not None or _shared_wave_possible(problem)
@@ -1350,7 +1350,6 @@ def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int, pl
         if not len(rows):
             return None
         t, til, legal = t.take(rows), til.take(rows), None
-        w = _wave_terms(device, t, til, r.k_blocks, til.wide is not None, True, False)
     elif legal is None:
         first, end, _ = r.splits(device)
         rows, split = ((first[:, None] <= SPLIT_INDEX) & (SPLIT_INDEX < end[:, None])).nonzero()
@@ -1361,8 +1360,7 @@ def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int, pl
         return None
     else:
         rows = slice(None)  # every layout
-    if not plain:
-        w = _wave_terms(device, t, til, r.k_blocks, til.wide is not None, legal is not None, False)
+    w = _wave_terms(device, t, til, r.k_blocks, til.wide is not None, plain or legal is not None, False)
     b_reads = r.b_reads[rows]
     return _Skeleton(
         lay,
