@@ -564,8 +564,7 @@ def costs(
     `report` the other terms `explain` reports (see `_terms`). The model reads tiles in user
     coordinates: a swap_ab config is costed as the config of the transposed problem it runs as
     (`transposed`, `unswapped`). Rates: RATES (`device.rates` of every sm_90a device). In two
-    parts: `_wave_terms`, which M enters only through its m
-    block counts, and `_byte_terms`."""
+    parts: `_wave_terms`, which M enters only through its m block counts, and `_byte_terms`."""
     k_blocks = ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype])
     shared = til.wide is not None or _shared_wave_possible(problem)
     if shared and til.wide is None:

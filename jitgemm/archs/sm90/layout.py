@@ -192,7 +192,7 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
     if cfg.swap_ab:
         if cfg.out_dtype == "fp32" or cfg.split_k > 1 or cfg.a_rows or cfg.b_tail:
             out.append(
-                "swap_ab needs a 16-bit output without split-K, a_rows or b_tail (its epilogue "
+                "swap_ab needs a 16-bit output and no split-K, a_rows or b_tail (its epilogue "
                 "stores the transposed accumulators with stmatrix)"
             )
     if cfg.block_m % (WGMMA_M * cfg.num_consumers):
