@@ -672,11 +672,13 @@ def _splitk_terms(t: Tiles, splits, num_m, cta_tiles, active) -> tuple:
     return others, rounds, fixup_share, others * column_bytes * (cta_tiles // num_m), num_m, column_bytes
 
 
-def _byte_terms(problem: Problem, t: Tiles, w: _Waves, lands, l2_reads, dram_rows, report=False, til=None) -> dict:
+def _byte_terms(
+    problem: Problem, t: Tiles, w: _Waves, lands, l2_reads, dram_rows, report=False, til=None, shared_lines=None
+) -> dict:
     """`costs` of the candidates `t` with wave terms `w`, whose tiles land `lands` rows and
     columns in shared memory, read `l2_reads` from L2 and stream `dram_rows` from DRAM (all
     CTAs together, per K slice; see `_Tiling`); with `report`, the terms `explain` reports
-    (`til` their tiling)."""
+    (`til` their tiling); `shared_lines`: `_shared_line_clk` of the problem, when known."""
     r = RATES
     # Per k-block of one CTA (`Tiles` holds the times of the tile alone). Bytes per CTA, one row
     # each: landing in its shared memory; read from L2; from DRAM (A once, B once per column
@@ -704,7 +706,8 @@ def _byte_terms(problem: Problem, t: Tiles, w: _Waves, lands, l2_reads, dram_row
         per_wave[1:] /= rates[1:]
     per_wave[2] += t.dram_latency_clk
     clk = np.maximum(np.maximum(fixed, per_wave[0]), np.maximum(per_wave[1], per_wave[2]))  # the slowest
-    shared_lines = _shared_line_clk(problem, t, w.active)
+    if shared_lines is None:
+        shared_lines = _shared_line_clk(problem, t, w.active)
     clk = np.maximum(clk, shared_lines)
 
     # Per unit, in a full wave and in the last: its k-blocks, split-K's fix-up (serial after the
@@ -1282,7 +1285,9 @@ def _grain_costs(problem, s: _Skeleton) -> dict:
     a_rows, a_dram = _a_side(problem, s.layouts, s.class_of)
     a_reads = s.grid_n * a_rows
     lands = a_reads * s.pair_n + s.b_lands  # (`_traffic`: a shared tile lands in both CTAs of its pair)
-    c = _byte_terms(problem, s.candidates, s.waves, lands, a_reads + s.b_reads, a_dram + s.b_dram)
+    c = _byte_terms(
+        problem, s.candidates, s.waves, lands, a_reads + s.b_reads, a_dram + s.b_dram, shared_lines=s.shared_lines
+    )
     if s.legal is not None:
         c["cost"] = np.where(s.legal, c["cost"], np.inf)
     return c
@@ -1327,15 +1332,16 @@ class _Skeleton(NamedTuple):
     b_reads: np.ndarray  # columns of B read out of L2, all CTAs together (see `_traffic`)
     b_lands: np.ndarray  # ... landing in shared memory
     b_dram: np.ndarray  # ... streamed from DRAM, weighted by the DRAM efficiency of their runs
+    shared_lines: np.ndarray | None  # `_shared_line_clk`, where every M of the grain has the same
     spans: dict  # (the least M, the largest) of a span of the grain -> see `_best`
 
 
 @functools.lru_cache(maxsize=256)
 def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int, plain: bool = False) -> _Skeleton | None:
     """`_Skeleton` of the problems of `kind` with N = n, K = k and ceil(M / M_GRAIN) = m_grains
-    (None when no candidate is legal); with `plain`, of the candidates that can run swapped
-    only (`_plain_costs`: the legal unsplit layouts of SWAP_MAX_BLOCK_M rows at most, no B
-    tail), costed alike."""
+    (None when no candidate is legal); with `plain`, of the layouts that can run swapped
+    (`_plain_tiles`), unsplit, with the rules' verdicts in `legal` (`_plain_costs` costs them
+    alike)."""
     like = _Shape((m_grains - 1) * M_GRAIN + 1, n, k, *kind)  # (the least M of the grain)
     r = _rows(like, device, moves=False)
     lay, t, til = r.layouts, r.layouts.tiles, r.tiling
@@ -1344,11 +1350,11 @@ def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int, pl
         if legal is None:
             first, end, _ = r.splits(device)
             legal = (first == 0) & (end > 0)
-        legal[lay.staged :] = False
-        rows = (legal & (t.block_m <= SWAP_MAX_BLOCK_M)).nonzero()[0]
-        if not len(rows):
+        rows, t = _plain_tiles(device, kind)
+        legal = legal[rows]
+        if not np.count_nonzero(legal):
             return None
-        t, til, legal = t.take(rows), til.take(rows), None
+        til = til.take(rows)
     elif legal is None:
         first, end, _ = r.splits(device)
         rows, split = ((first[:, None] <= SPLIT_INDEX) & (SPLIT_INDEX < end[:, None])).nonzero()
@@ -1361,6 +1367,9 @@ def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int, pl
         rows = slice(None)  # every layout
     w = _wave_terms(device, t, til, r.k_blocks, til.wide is not None, plain or legal is not None, False)
     b_reads = r.b_reads[rows]
+    # M enters the shared-line term through its m block counts and, for an M-major A of one
+    # grain, ceil(M / 8) (`_requests_per_line`): the same for every M of any other grain.
+    lines = _shared_line_clk(like, t, w.active) if m_grains > 1 or kind[2] == "K" else None
     return _Skeleton(
         lay,
         t,
@@ -1372,6 +1381,7 @@ def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int, pl
         b_reads,
         b_reads * lay.pair_m[rows],
         r.b_dram[rows],
+        lines,
         {},
     )
 
@@ -1485,8 +1495,10 @@ def swap_possible(problem: Problem) -> bool:
     return problem.out_dtype != "fp32" and WGMMA_M < problem.m < problem.n
 
 
+@functools.lru_cache(maxsize=1024)
 def transposed(problem: Problem) -> Problem:
-    """The problem D^T = B^T A^T that a swapped config of `problem` runs as."""
+    """The problem D^T = B^T A^T that a swapped config of `problem` runs as (memoised: select
+    asks twice)."""
     return Problem(
         problem.n,
         problem.m,
@@ -1528,7 +1540,7 @@ SWAP_TRIES = 4  # the transposed problem's candidates tried, cheapest first, for
 def _swap_ranked(problem: Problem, device: DeviceSpec, t: Tiles, c: dict, tries: int = SWAP_TRIES) -> list[tuple]:
     """(rounded cost, index, swapped config) of the swapped candidates of `problem`, cheapest
     first: of the first `tries` candidates `t` of the transposed problem, costed `c` (those
-    that cannot run swapped at infinity, `_plain_costs`, or left out, a plain `_skeleton`),
+    that cannot run swapped at infinity: `_plain_costs`, or a plain `_skeleton`'s),
     those whose completed config has no a_rows and lays out swapped."""
     q, out = transposed(problem), []
     for i in _order(t, c, tries):
@@ -1542,6 +1554,15 @@ def _swap_ranked(problem: Problem, device: DeviceSpec, t: Tiles, c: dict, tries:
 
 
 SWAP_MAX_BLOCK_M = 128  # see `_plain_costs`
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_tiles(device: DeviceSpec, kind: tuple) -> tuple[np.ndarray, Tiles]:
+    """(the rows of the `_Layouts` of `kind` that could run swapped, whatever the shape: layouts
+    of SWAP_MAX_BLOCK_M rows at most, no B tail; their `Tiles`), for a plain `_skeleton`."""
+    lay = _layouts(device, *kind)
+    rows = (lay.tiles.block_m[: lay.staged] <= SWAP_MAX_BLOCK_M).nonzero()[0]
+    return rows, lay.tiles.take(rows)
 
 
 def _plain_costs(t: Tiles, lay: _Layouts, c: dict) -> dict:
