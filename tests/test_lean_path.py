@@ -163,21 +163,29 @@ def fake(monkeypatch):
 M, N, K = 96, 64, 128
 
 
+def at_roles(call, *operands) -> list:
+    """The addresses `call`'s tensor maps should hold: each map's operand (a, b, d[, c]), the
+    edge maps (the last block of a K-major operand) included."""
+    return [operands[role] for role in call.roles]
+
+
 def test_new_arrays_of_a_seen_problem_patch_only_the_addresses(fake):
     a, b = FakeTensor((M, K)), FakeTensor((K, N))
     first = jitgemm.gemm(a, b)
     assert len(fake.general) == 1 and len(fake.driver.launches) == 1
     call, addresses = fake.driver.launches[0]
-    assert addresses == [a.ptr, b.ptr, first.ptr]
+    # a, b, d and the edge map of A (a box of the rows of its last block inside M)
+    assert call.roles == (0, 1, 2, 0)
+    assert addresses == [a.ptr, b.ptr, first.ptr, a.ptr]
     for _ in range(3):
         a2, b2 = FakeTensor((M, K)), FakeTensor((K, N))
         res = jitgemm.gemm(a2, b2)
         assert res.shape == (M, N) and res.dtype == "bf16"
         again, addresses = fake.driver.launches[-1]
         assert again is call  # the same launch: kernel, grid, parameters
-        assert addresses == [a2.ptr, b2.ptr, res.ptr]
+        assert addresses == [a2.ptr, b2.ptr, res.ptr, a2.ptr]
     assert len(fake.general) == 1
-    assert call.direct is True and fake.driver.replaced == 6  # asked once, at the first launch: 2 addresses x 3 maps
+    assert call.direct is True and fake.driver.replaced == 8  # asked once, at the first launch: 2 addresses x 4 maps
 
 
 def test_only_the_addresses_change(fake):
@@ -189,7 +197,7 @@ def test_only_the_addresses_change(fake):
     jitgemm.gemm(FakeTensor((M, K)), FakeTensor((K, N)))
     after = bytes(call.words)
     changed = {i // 8 for i in range(len(before)) if before[i] != after[i]}
-    assert changed <= {0, 16, 32}  # the first word of each map
+    assert changed <= {0, 16, 32, 48}  # the first word of each map
     assert bytes(call.params) == params
 
 
@@ -201,7 +209,7 @@ def test_the_driver_call_patches_when_the_address_is_not_the_first_word(fake, mo
     res = jitgemm.gemm(a2, b2)
     call, addresses = fake.driver.launches[-1]
     assert call.direct is False
-    assert addresses == [a2.ptr, b2.ptr, res.ptr]
+    assert addresses == at_roles(call, a2.ptr, b2.ptr, res.ptr)
     assert len(fake.general) == 1
 
 
@@ -220,8 +228,8 @@ def test_addresses_are_patched_in_the_devices_context(fake, monkeypatch):
     monkeypatch.setattr(driver, "cuTensorMapReplaceAddress", lambda t, p: (seen.append(stack[-1]), replace(t, p))[1])
     x = FakeTensor((M, K))
     res = jitgemm.gemm(x, b)
-    assert seen == [CTX, CTX, CTX] and stack == [999]
-    assert fake.driver.launches[-1][1] == [x.ptr, b.ptr, res.ptr]
+    assert seen == [CTX] * len(fake.driver.launches[-1][0].roles) and stack == [999]
+    assert fake.driver.launches[-1][1] == at_roles(fake.driver.launches[-1][0], x.ptr, b.ptr, res.ptr)
 
 
 @pytest.mark.parametrize("cfg", [dict(b_tail=True, block_n=160, b_major="N"), dict()])
@@ -255,21 +263,21 @@ def test_out_given_and_out_is_c(fake):
     jitgemm.gemm(a, b, out)
     out2, a2 = FakeTensor((M, N), "fp32"), FakeTensor((M, K))
     assert jitgemm.gemm(a2, b, out2) is out2
-    assert fake.driver.launches[-1][1] == [a2.ptr, b.ptr, out2.ptr]
+    assert fake.driver.launches[-1][1] == at_roles(fake.driver.launches[-1][0], a2.ptr, b.ptr, out2.ptr)
     assert len(fake.general) == 1
     # out = c: d and c maps both at c
     c = FakeTensor((M, N))
     jitgemm.gemm(a, b, c, c=c, beta=0.5)
     c2 = FakeTensor((M, N))
     assert jitgemm.gemm(a2, b, c2, c=c2, beta=0.5) is c2
-    assert fake.driver.launches[-1][1] == [a2.ptr, b.ptr, c2.ptr, c2.ptr]
+    assert fake.driver.launches[-1][1] == at_roles(fake.driver.launches[-1][0], a2.ptr, b.ptr, c2.ptr, c2.ptr)
     assert len(fake.general) == 2
     # c apart from out
     c3, o3 = FakeTensor((M, N)), FakeTensor((M, N))
     jitgemm.gemm(a, b, o3, c=c3, beta=0.5)
     c4, o4 = FakeTensor((M, N)), FakeTensor((M, N))
     jitgemm.gemm(a, b, o4, c=c4, beta=0.5)
-    assert fake.driver.launches[-1][1] == [a.ptr, b.ptr, o4.ptr, c4.ptr]
+    assert fake.driver.launches[-1][1] == at_roles(fake.driver.launches[-1][0], a.ptr, b.ptr, o4.ptr, c4.ptr)
     assert len(fake.general) == 3
 
 
@@ -284,7 +292,7 @@ def test_overlaps_are_still_refused_after_a_plan(fake):
     # test allows it
     jitgemm.gemm(left, b, buf.window(K, (M, N), (K + N, 1)))
     assert len(fake.general) == calls + 2
-    assert fake.driver.launches[-1][1] == [left.ptr, b.ptr, buf.ptr + 2 * K]
+    assert fake.driver.launches[-1][1] == at_roles(fake.driver.launches[-1][0], left.ptr, b.ptr, buf.ptr + 2 * K)
     square = FakeTensor((K, K))
     jitgemm.gemm(FakeTensor((M, K)), square, FakeTensor((M, K)))
     with pytest.raises(ValueError, match="^out: overlaps b"):
@@ -391,7 +399,7 @@ def test_threads_sharing_a_plan_launch_their_own_addresses(fake):
             for _ in range(200):
                 x, y = FakeTensor((M, K)), FakeTensor((K, N))
                 res = jitgemm.gemm(x, y)
-                expected.append([x.ptr, y.ptr, res.ptr])
+                expected.append(at_roles(fake.driver.launches[0][0], x.ptr, y.ptr, res.ptr))
         except BaseException as exc:
             errors.append(exc)
 
@@ -413,11 +421,11 @@ def test_nd_a_gets_plans_too(fake):
     x = FakeTensor((2, 40, 64))
     res = jitgemm.gemm(x, b)
     assert res.shape == (2, 40, 48) and len(fake.general) == 1
-    assert fake.driver.launches[-1][1] == [x.ptr, b.ptr, res.ptr]
+    assert fake.driver.launches[-1][1] == at_roles(fake.driver.launches[-1][0], x.ptr, b.ptr, res.ptr)
     out, x = FakeTensor((2, 40, 48), "fp32"), FakeTensor((2, 40, 64))
     jitgemm.gemm(FakeTensor((2, 40, 64)), b, FakeTensor((2, 40, 48), "fp32"))
     assert jitgemm.gemm(x, b, out) is out and len(fake.general) == 2
-    assert fake.driver.launches[-1][1] == [x.ptr, b.ptr, out.ptr]
+    assert fake.driver.launches[-1][1] == at_roles(fake.driver.launches[-1][0], x.ptr, b.ptr, out.ptr)
 
 
 def test_nd_a_that_does_not_fold_is_copied(fake):

@@ -119,6 +119,48 @@ def test_config_validation_messages():
     assert KernelConfig.from_dict(cfg.to_dict()) == cfg
 
 
+def test_last_blocks_load_only_the_rows_inside(monkeypatch):
+    """The last block of an operand along its rows (M for A, N for B) loads only the rows inside
+    the problem: a K-major operand through an edge map whose box has those rows, an MN-major one
+    without its pieces wholly past them; the stage's transaction bytes follow. Not for a
+    multicast operand nor one loading fixed fewer rows (a_rows)."""
+    from jitgemm import runtime
+    from jitgemm.problem import Problem
+
+    cfg = KernelConfig(block_m=128, block_n=128, num_stages=4)  # A K-major, B N-major
+    lay = layout_of(cfg)
+    assert lay.a.edge and lay.b.edge
+    src = render(cfg)
+    assert "TensorMap map_a_edge" in src and "map_b_edge" not in src
+    assert "const bool a_edge = m0 + 128 > M;" in src
+    assert "if (a_edge) stage_tx -= (u32)(m0 + 128 - M) * 128u;" in src
+    assert "tma_load(dst, a_edge ? &map_a_edge : &map_a, full, k0, mn);" in src
+    assert "const int b_edge_pieces = min(2, (N - n0 + 63) / 64);" in src and "if (p >= b_edge_pieces) break;" in src
+    assert "mbar_expect_tx(full, stage_tx);" in src
+    # the edge map's box: the rows of the last m block inside M (all 128 where 128 divides M)
+    boxes = []
+    monkeypatch.setattr(
+        runtime, "tensor_map_2d", lambda dtype, ptr, inner, outer, stride, box, swizzle: boxes.append(box)
+    )
+
+    class View:
+        ptr = 1 << 20
+
+        def leading_stride_bytes(self, dim):
+            return 1 << 14
+
+    arch = registry.get("sm_90a")
+    for m, rows in ((300, 44), (256, 128)):
+        boxes.clear()
+        arch.tensor_maps(Problem(m, 320, 512, "bf16", "bf16", "K", "N"), lay, View(), View(), View(), None)
+        assert boxes == [lay.a.box, lay.b.box, lay.out_box, (64, rows)]  # A, B, D, then A's edge
+    assert not layout_of(KernelConfig(block_m=128, block_n=128, num_stages=4, cluster_size=2, multicast="A")).a.edge
+    assert not layout_of(KernelConfig(block_m=128, block_n=128, num_stages=4, a_rows=40)).a.edge
+    swapped = render(KernelConfig(block_m=128, block_n=96, num_stages=6, b_major="K", swap_ab=True))
+    # under swap_ab A's rows (M) run along the kernel's N: its tiles start at n0
+    assert "const bool a_edge = n0 + 96 > M;" in swapped and "const bool b_edge = m0 + 128 > N;" in swapped
+
+
 def test_b_tail_loads_no_padding_columns():
     """A 144-wide N-major B tile: two 64-wide pieces (128-byte swizzle) and a 16-wide tail (32-byte
     swizzle) with its own tensor map and a second, narrower wgmma; padded, it lands 192 columns."""
@@ -199,7 +241,9 @@ def test_swap_ab_puts_the_users_m_on_the_wgmma_n_side():
     assert "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16" in src
     assert re.search(r"p, 1, 1, 1, 0;", src)  # B's N-major tile is the MN-major wgmma A
     assert "const int kernel_m = N, kernel_n = M;" in src
-    assert "tma_load(dst, &map_a, full, k0, mn);" in src and "const int mn = n0 + p * 160;" in src
+    assert (
+        "tma_load(dst, a_edge ? &map_a_edge : &map_a, full, k0, mn);" in src and "const int mn = n0 + p * 160;" in src
+    )
     assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in src
     cluster_tiles = registry.get("sm_90a").cluster_tiles
     # kernel tiles: ceil(576 / 128) = 5 along kernel M, ceil(4096 / 160) = 26 along kernel N, in

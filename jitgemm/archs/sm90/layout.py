@@ -53,6 +53,11 @@ class OperandLayout:
     box: tuple  # TMA box, innermost dimension first
     smem_rows: int  # K-major: rows the tile occupies in shared memory (>= rows loaded)
     tail: OperandLayout | None = None  # MN-major: the narrower last part, after the pieces
+    # The tile's last block along its rows (M for A, N for B) loads only the rows inside the
+    # operand: K-major, through a second map whose box has those rows (`edge_rows`); MN-major,
+    # skipping the pieces wholly past them. Not for a multicast operand (its pieces are split
+    # between the pair) nor one loading fixed fewer rows (a_rows).
+    edge: bool = False
 
     @property
     def main_extent(self) -> int:
@@ -124,9 +129,26 @@ def _operand(
                 _operand(False, tail_extent, block_k, elem, False),
             )
     piece_bytes = box[0] * box[1] * elem
+    edge = not multicast and not loaded_rows
     return OperandLayout(
-        major_is_k, extent, swizzle, piece_extent, piece_bytes, num_pieces, num_pieces // ranks, multicast, box, extent
+        major_is_k,
+        extent,
+        swizzle,
+        piece_extent,
+        piece_bytes,
+        num_pieces,
+        num_pieces // ranks,
+        multicast,
+        box,
+        extent,
+        edge=edge,
     )
+
+
+def edge_rows(op: OperandLayout, rows: int) -> int:
+    """The rows of the box of the last block of a K-major operand of `rows` rows (M for A, N for
+    B) that `op` tiles: the rows inside it (the whole tile where the blocks divide the rows)."""
+    return rows % op.extent or op.extent
 
 
 def mn_major_swizzle(extent: int, elem: int) -> int:

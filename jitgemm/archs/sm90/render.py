@@ -30,6 +30,12 @@ def _operand_vars(name: str, op, major_is_k: bool, swap_ab: bool, tail: bool = F
         "origin": f"{origin} + {parent.main_extent}" if tail else origin,
         # TMA coordinates, innermost dimension first.
         "coords": "k0, mn" if major_is_k else "mn, k0",
+        # the last block along the operand's rows (layout.OperandLayout.edge): M for A, N for B
+        "edge": op.edge,
+        "major_is_k": major_is_k,
+        "rows": "M" if name == "A" else "N",
+        "edge_flag": f"{lower}_edge",
+        "edge_map": f"map_{lower}_edge",
     }
 
 
