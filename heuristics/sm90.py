@@ -41,7 +41,6 @@ on (the second pays for the proof).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -952,8 +951,7 @@ def with_tail(cfg: KernelConfig, device: DeviceSpec) -> KernelConfig | None:
     return None if structural_problems(tail) else with_stages(tail, device)[0]
 
 
-@dataclass(frozen=True)
-class _Layouts:
+class _Layouts(NamedTuple):
     """Every tile layout of one kind of problem (device, dtypes, majors, C), in the rules'
     order, with what the rules that do not look at the shape said of each: the rules before
     the multicast side's (`pre`) and the structural and pipeline-depth rules (`post`)."""
@@ -1215,8 +1213,7 @@ def _rows(problem: Problem | _Shape, device: DeviceSpec, moves: bool = True) -> 
     return _Rows(lay, til, k_blocks, exempt, can_share & by_n.can_share, by_n.grid_n, b_reads, by_n.b_dram)
 
 
-@dataclass(frozen=True)
-class _Search:
+class _Search(NamedTuple):
     """The legal candidates of a problem, costed (`costs`), and the layouts' fate."""
 
     layouts: _Layouts

@@ -27,7 +27,7 @@ the accumulators transposed (stmatrix .trans), one 64-column box of D per 64-row
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,8 +40,7 @@ BARRIER_BYTES = 8
 WGMMA_M = 64
 
 
-@dataclass(frozen=True)
-class OperandLayout:
+class OperandLayout(NamedTuple):
     major_is_k: bool  # K-major (rows of 128 bytes) or MN-major (pieces of MN elements)
     extent: int  # block_m or block_n
     swizzle: int  # bytes: 128, or 64 / 32 for narrow MN-major tiles
@@ -158,8 +157,7 @@ def mn_major_swizzle(extent: int, elem: int) -> int:
     return 64 if (extent * elem) % 64 == 0 else 32
 
 
-@dataclass(frozen=True)
-class KernelLayout:
+class KernelLayout(NamedTuple):
     config: KernelConfig
     a: OperandLayout
     b: OperandLayout
