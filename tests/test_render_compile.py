@@ -130,6 +130,7 @@ def test_last_blocks_load_only_the_rows_inside(monkeypatch):
     cfg = KernelConfig(block_m=128, block_n=128, num_stages=4)  # A K-major, B N-major
     lay = layout_of(cfg)
     assert lay.a.edge and lay.b.edge
+    assert lay.a.edge_box and not lay.a.edge_pieces and lay.b.edge_pieces and not lay.b.edge_box
     src = render(cfg)
     assert "TensorMap map_a_edge" in src and "map_b_edge" not in src
     assert "const bool a_edge = m0 + 128 > M;" in src

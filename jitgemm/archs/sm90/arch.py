@@ -24,7 +24,7 @@ class Sm90(Backend):
     def map_operands(self, lay: layout.KernelLayout, has_c: bool) -> tuple:
         roles = super().map_operands(lay, has_c)
         roles += (1,) if lay.b.tail is not None else ()
-        return roles + tuple(role for role, op in enumerate((lay.a, lay.b)) if _edge_map(op))
+        return roles + tuple(role for role, op in enumerate((lay.a, lay.b)) if op.edge_box)
 
     def tensor_maps(self, problem: Problem, lay: layout.KernelLayout, a, b, d, c) -> list:
         """map_a, map_b, map_d[, map_c][, map_b_tail][, map_a_edge][, map_b_edge]: the narrow
@@ -33,15 +33,11 @@ class Sm90(Backend):
         maps = super().tensor_maps(problem, lay, a, b, d, c)
         if lay.b.tail is not None:
             maps.append(tma.map_b(problem, b, lay.b.tail.box, lay.b.tail.swizzle))
-        if _edge_map(lay.a):
+        if lay.a.edge_box:
             maps.append(tma.map_a(problem, a, (lay.a.box[0], layout.edge_rows(lay.a, problem.m)), lay.a.swizzle))
-        if _edge_map(lay.b):
+        if lay.b.edge_box:
             maps.append(tma.map_b(problem, b, (lay.b.box[0], layout.edge_rows(lay.b, problem.n)), lay.b.swizzle))
         return maps
-
-
-def _edge_map(op: layout.OperandLayout) -> bool:
-    return op.edge and op.major_is_k
 
 
 ARCH = Sm90()

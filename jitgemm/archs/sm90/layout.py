@@ -59,6 +59,16 @@ class OperandLayout(NamedTuple):
     edge: bool = False
 
     @property
+    def edge_box(self) -> bool:
+        """Whether the last block loads through a second map, a box of the rows inside (K-major)."""
+        return self.edge and self.major_is_k
+
+    @property
+    def edge_pieces(self) -> bool:
+        """Whether the last block leaves out the pieces wholly past the edge (MN-major)."""
+        return self.edge and not self.major_is_k
+
+    @property
     def main_extent(self) -> int:
         """MN elements the full-width pieces cover (the wgmma of the tile without its tail)."""
         return self.num_pieces * self.piece_extent if self.tail else self.extent

@@ -31,8 +31,8 @@ def _operand_vars(name: str, op, major_is_k: bool, swap_ab: bool, tail: bool = F
         # TMA coordinates, innermost dimension first.
         "coords": "k0, mn" if major_is_k else "mn, k0",
         # the last block along the operand's rows (layout.OperandLayout.edge): M for A, N for B
-        "edge": op.edge,
-        "major_is_k": major_is_k,
+        "edge_box": op.edge_box,
+        "edge_pieces": op.edge_pieces,
         "rows": "M" if name == "A" else "N",
         "edge_flag": f"{lower}_edge",
         "edge_map": f"map_{lower}_edge",
