@@ -54,3 +54,14 @@ def test_a_hanging_test_ends_the_run(tmp_path):
     result = _run(tmp_path, HANGING_TEST, JITGEMM_TEST_TIMEOUT="2")
     assert result.returncode != 0 and time.monotonic() - start < 40
     assert "Timeout" in result.stderr and "test_hangs" in result.stderr
+
+
+def test_the_sanitizer_job_expects_every_case_the_warm_up_ran():
+    """Each tool must pass as many cases as tests/sanitize_cases.py ran without a sanitizer, not
+    a count written into the script (it said 11 when there were 12, failing with 0 errors)."""
+    import re
+
+    script = (Path(__file__).parent.parent / ".ci" / "gpu-sanitize").read_text()
+    checks = re.findall(r"""grep -c '\^ok ' "\$log"\)" -ne (\S+) \]""", script)
+    assert checks == ['"$cases"']
+    assert """cases=$(grep -c '^ok ' "$OUT/sanitize-warmup.log")""" in script
