@@ -55,8 +55,8 @@ import tempfile
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .config import parse_json
 
@@ -525,8 +525,7 @@ def _warn_once(token: tuple, message: str) -> None:
     warnings.warn(message, CacheWarning, stacklevel=4)
 
 
-@dataclass(frozen=True)
-class CacheResult:
+class CacheResult(NamedTuple):
     cubin: bytes
     key: str
     hit: bool  # found on disk (no compile happened in this call)
@@ -534,16 +533,14 @@ class CacheResult:
     path: Path | None  # the entry directory, or None when compiled in memory
 
 
-@dataclass(frozen=True)
-class Lookup:
+class Lookup(NamedTuple):
     status: str  # "hit", "miss", "corrupt" or "unsafe"
     cubin: bytes | None = None
     reason: str = ""
     root_unsafe: bool = False
 
 
-@dataclass(frozen=True)
-class EntryInfo:
+class EntryInfo(NamedTuple):
     key: str
     path: Path
     meta: dict | None  # None when meta.json cannot be read

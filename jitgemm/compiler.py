@@ -9,7 +9,7 @@ import os
 import site
 import sys
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # -lineinfo keeps source correlation for profilers at no runtime cost. ptxas warnings that
 # mean a silently slow kernel (C7508 setmaxnreg ignored, C7510/C7511/C7512/C7515 wgmma serialised)
@@ -22,8 +22,7 @@ class CompileError(RuntimeError):
     """NVRTC rejected the source, or ptxas warned that the kernel would run slowly."""
 
 
-@dataclass(frozen=True)
-class CompileResult:
+class CompileResult(NamedTuple):
     cubin: bytes
     log: str
     seconds: float

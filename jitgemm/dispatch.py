@@ -37,8 +37,9 @@ import os
 import re
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
+from typing import NamedTuple
 
 from . import envflags, heuristics, registry
 from .cache import (
@@ -186,8 +187,7 @@ def merge_runs(old: list, new: list) -> list[tuple[int, int, object]]:
 # ---- reading ----
 
 
-@dataclass(frozen=True)
-class Table:
+class Table(NamedTuple):
     """A trusted table in memory: per problem key, the runs' first Ms, last Ms and configs."""
 
     path: Path
@@ -394,8 +394,7 @@ def describe(root: Path | str | None = None) -> list[dict]:
 # ---- writing ----
 
 
-@dataclass(frozen=True)
-class Recorded:
+class Recorded(NamedTuple):
     """What `record` did: the table's path, whether it was written (else `reason`), the shapes
     recorded, and the table's size after it (problem keys, M runs, distinct configs)."""
 

@@ -12,8 +12,7 @@ walking work units.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -78,8 +77,7 @@ def covered_extent(size, block, box):
     return int(total) if np.ndim(total) == 0 else total
 
 
-@dataclass(frozen=True)
-class Waves:
+class Waves(NamedTuple):
     """Wave quantisation of `tiles` equal work items over `slots` concurrent workers (ints, or
     arrays with one element per candidate)."""
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 import shlex
 import threading
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from . import compiler, context, registry, runtime
 from .cache import CacheResult, KernelCache, OfflineError, cache_key, hash_parts, index_name
@@ -28,8 +28,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class KernelSource:
+class KernelSource(NamedTuple):
     """Everything about a kernel that is known before compiling it."""
 
     config: KernelConfig
@@ -44,8 +43,7 @@ class KernelSource:
         return cache_key(self.source, self.options, self.config.arch, self.nvrtc_version)
 
 
-@dataclass(frozen=True)
-class BuiltKernel:
+class BuiltKernel(NamedTuple):
     config: KernelConfig
     layout: object
     name: str

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cuda.bindings import driver
 
@@ -76,8 +76,7 @@ def device_count() -> int:
         return 0
 
 
-@dataclass(frozen=True)
-class DeviceInfo:
+class DeviceInfo(NamedTuple):
     ordinal: int
     name: str
     compute_capability: tuple
@@ -113,8 +112,7 @@ def device_info(ordinal: int) -> DeviceInfo:
     )
 
 
-@dataclass(frozen=True)
-class LoadedKernel:
+class LoadedKernel(NamedTuple):
     module: object
     function: object
     name: str

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from typing import NamedTuple
 
 from . import compiler, context, kernels, runtime
 from .arrays import TMA_ALIGN, View
@@ -28,8 +29,7 @@ BLOCKS_PER_OPERAND = 2048  # about 2 waves of the kernel's blocks on an H200: ro
 PLACEHOLDER_ADDRESS = 1 << 40
 
 
-@dataclass(frozen=True)
-class StagedOperand:
+class StagedOperand(NamedTuple):
     """How one operand is staged: `outer` rows of `inner` elements with dimension `major` of the
     view innermost, element (o, i) at o * src_outer + i * src_inner of the caller's array,
     into rows of `pitch` elements (whole 16-byte units)."""
