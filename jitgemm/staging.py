@@ -24,7 +24,12 @@ KERNEL_NAME = "jitgemm_stage_operands"
 THREADS = 256  # the kernel's __launch_bounds__
 ITEMSIZE = 2  # the kernel copies 16-bit elements
 UNIT_ELEMENTS = TMA_ALIGN // ITEMSIZE
-BLOCKS_PER_OPERAND = 2048  # about 2 waves of the kernel's blocks on an H200: rows loop in a block
+ITEMS = 4  # units a thread copies per step (the kernel's ITEMS)
+# An operand's blocks: enough for ITEMS units a thread, but at least two per SM of an H200 where
+# it has the units (small operands: every SM streams, a unit a thread), at most about two waves
+# (larger operands loop).
+MIN_BLOCKS, BLOCKS_PER_OPERAND = 264, 1024
+MAX_UNITS = 1 << 31  # the kernel counts an operand's staged units in 32 bits
 # Where a staged operand's tensor map points until a launch gives it its workspace region.
 PLACEHOLDER_ADDRESS = 1 << 40
 
@@ -54,11 +59,14 @@ class StagedOperand(NamedTuple):
 
 def staged_operand(view: View, major: int) -> StagedOperand | None:
     """How `view` is staged with dimension `major` innermost, or None when the kernel cannot
-    stage it (rows that do not fold into one stride, a base that is not element-aligned)."""
+    stage it (rows that do not fold into one stride, a base that is not element-aligned, 32 GiB
+    or more of staged rows)."""
     if view.strides is None or view.itemsize != ITEMSIZE or view.ptr % ITEMSIZE:
         return None
     inner, outer = view.shape[major], view.shape[1 - major]
     pitch = -(-inner // UNIT_ELEMENTS) * UNIT_ELEMENTS
+    if outer * pitch // UNIT_ELEMENTS >= MAX_UNITS:
+        return None
     return StagedOperand(major, outer, inner, view.strides[1 - major], view.strides[major], pitch)
 
 
@@ -73,8 +81,8 @@ class _StageCopy(ctypes.Structure):
         ("src_outer", ctypes.c_longlong),
         ("src_inner", ctypes.c_longlong),
         ("pitch_units", ctypes.c_longlong),
+        ("units", ctypes.c_longlong),
         ("blocks", ctypes.c_longlong),
-        ("across", ctypes.c_longlong),
     ]
 
 
@@ -92,7 +100,8 @@ class StageLaunch:
             if op is not None:
                 copy.outer, copy.inner, copy.src_outer, copy.src_inner = op.outer, op.inner, op.src_outer, op.src_inner
                 copy.pitch_units = op.pitch // UNIT_ELEMENTS
-                copy.across, copy.blocks = operand_grid(copy.outer, copy.pitch_units)
+                copy.units = op.outer * copy.pitch_units
+                copy.blocks = operand_blocks(copy.units)
         self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.copies))
         self.address = ctypes.addressof(self.params)
         self.config = runtime.launch_config(kernel, sum(copy.blocks for copy in self.copies), stream)
@@ -105,15 +114,12 @@ class StageLaunch:
             runtime.check((err,), f"cuLaunchKernelEx({KERNEL_NAME})")
 
 
-def operand_grid(outer: int, pitch_units: int) -> tuple:
-    """(blocks per row group, blocks) of one operand's part of the grid: a row's units over
-    min(pitch_units, THREADS) threads (several rows at once in a block for narrow rows), row
-    groups over up to BLOCKS_PER_OPERAND blocks, each block striding over the rest."""
-    lanes = min(pitch_units, THREADS)
-    across = -(-pitch_units // lanes)
-    row_groups = -(-outer // (THREADS // lanes))
-    down = min(row_groups, max(1, BLOCKS_PER_OPERAND // across))
-    return across, across * down
+def operand_blocks(units: int) -> int:
+    """One operand's blocks of the grid: THREADS x ITEMS units each per step, or more blocks
+    (fewer units a thread) up to MIN_BLOCKS, at most BLOCKS_PER_OPERAND (then each thread steps
+    over the rest, a grid stride apart)."""
+    full = -(-units // (THREADS * ITEMS))
+    return min(max(full, min(-(-units // THREADS), MIN_BLOCKS)), BLOCKS_PER_OPERAND)
 
 
 _loaded: dict = {}  # (arch, device ordinal) -> LoadedKernel

@@ -82,38 +82,34 @@ def test_the_launch_packs_one_parameter_with_each_operands_grid():
     assert len(launch.params) == 1 and launch.params[0] == ctypes.addressof(launch.copies)
     packed = [(c.outer, c.inner, c.src_outer, c.src_inner, c.pitch_units) for c in launch.copies]
     assert packed == [(1, 19143, 19143, 1, 2393), (19143, 70, 70, 1, 9)]
-    grids = [(c.across, c.blocks) for c in launch.copies]
-    assert grids == [(10, 10), (1, 684)]  # B: 28 rows at once per block, 684 blocks: no row walked alone
+    assert [(c.units, c.blocks) for c in launch.copies] == [(2393, 10), (19143 * 9, 264)]
     cfg = launch.config
-    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX) == (694, 1, 1, staging.THREADS)
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX) == (274, 1, 1, staging.THREADS)
     assert staging.StageLaunch(kernel, (a, None), 7).copies[1].blocks == 0  # no blocks for B
 
 
-def _emulated(outer: int, pitch_units: int) -> list:
-    """The (row, unit) each thread of the kernel writes, by its index arithmetic."""
-    across, blocks = staging.operand_grid(outer, pitch_units)
-    threads = staging.THREADS
-    lanes = min(pitch_units, threads)
-    rows_at_once = threads // lanes
+def _emulated(units: int) -> list:
+    """The units each thread of the kernel writes, by its index arithmetic."""
+    blocks, threads, items = staging.operand_blocks(units), staging.THREADS, staging.ITEMS
+    stride = blocks * threads
     written = []
     for block in range(blocks):
-        for t in range(rows_at_once * lanes):
-            row = block // across * rows_at_once + t // lanes
-            while row < outer:
-                unit = block % across * lanes + t % lanes
-                while unit < pitch_units:
-                    written.append((row, unit))
-                    unit += across * lanes
-                row += blocks // across * rows_at_once
+        for t in range(threads):
+            first = block * threads + t
+            while first < units:
+                written += [at for at in range(first, first + items * stride, stride) if at < units]
+                first += items * stride
     return written
 
 
-@pytest.mark.parametrize(
-    "outer, pitch_units", [(1, 2393), (19143, 9), (300, 126), (5, 1), (4096, 513), (7, 257), (3000, 300), (1, 1)]
-)
-def test_every_row_and_unit_is_written_once(outer, pitch_units):
-    written = _emulated(outer, pitch_units)
-    assert len(written) == outer * pitch_units and set(written) == {
-        (r, u) for r in range(outer) for u in range(pitch_units)
-    }
-    assert staging.operand_grid(outer, pitch_units)[1] <= max(staging.BLOCKS_PER_OPERAND, -(-pitch_units // 256))
+@pytest.mark.parametrize("units", [1, 9, 1023, 1025, 2393, 300 * 126, 4096 * 513, 19143 * 9, 264 * 256 + 1])
+def test_every_unit_is_written_once(units):
+    written = _emulated(units)
+    assert len(written) == units and set(written) == set(range(units))
+    assert staging.operand_blocks(units) <= staging.BLOCKS_PER_OPERAND
+
+
+def test_operands_of_2_to_the_31_units_are_not_staged():
+    """The kernel counts units in 32 bits: larger operands are copied by their library."""
+    assert staging.staged_operand(view((2**17, 2**17 + 1), (2**17 + 1, 1)), 1) is None
+    assert staging.staged_operand(view((2**17, 2**17 - 9), (2**17 - 9, 1)), 1) is not None
