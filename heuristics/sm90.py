@@ -378,10 +378,10 @@ class Tiles:
 
     def take(self, rows: np.ndarray, split_k: np.ndarray | None = None) -> Tiles:
         """These rows (an index array), with split_k replaced when given."""
-        ints = self.ints[:, rows]
+        ints = self.ints.take(rows, axis=1)
         if split_k is not None:
             ints[1] = split_k
-        return Tiles(self.configs, ints, self.times[:, rows])
+        return Tiles(self.configs, ints, self.times.take(rows, axis=1))
 
     def __len__(self) -> int:
         return self.ints.shape[1]
@@ -465,11 +465,11 @@ class _Tiling(NamedTuple):
     def take(self, rows: np.ndarray) -> _Tiling:
         """These rows (an index array)."""
         if self.lands is None:  # (not counted)
-            num_m, num_n, tiles, units = np.array((self.num_m, self.num_n, self.tiles, self.units))[:, rows]
+            num_m, num_n, tiles, units = np.array((self.num_m, self.num_n, self.tiles, self.units)).take(rows, axis=1)
             l2_reads = lands = dram_rows = None
         else:
             ints = (self.num_m, self.num_n, self.tiles, self.units, self.l2_reads, self.lands)
-            num_m, num_n, tiles, units, l2_reads, lands = np.array(ints)[:, rows]
+            num_m, num_n, tiles, units, l2_reads, lands = np.array(ints).take(rows, axis=1)
             dram_rows = self.dram_rows[rows]
         covered_b = self.covered_b[rows] if np.ndim(self.covered_b) else self.covered_b
         more = (None if v is None else v[rows] for v in (self.slots, self.wave_slots, self.wide))
@@ -537,20 +537,23 @@ def dram_runs(problem: Problem, cfg: KernelConfig) -> tuple[int, int]:
 _RATE_TABLES: dict = {}  # see `_rate_table`
 
 
-def _rate_table(rates: ArchRates, num_sms: int | None):
-    """`mma_rate` of every count of busy CTAs a persistent grid on `num_sms` SMs can have (up to
-    one pair past the SMs: a grid always runs one cluster), by that count; for None, the
-    divisors of `_byte_terms`' rows of bytes per CTA while CTAs run (the chip's L2 delivery, L2
-    read and DRAM read rates). At `rates`: made again when they change (as
-    `heuristics.device.costing_with` changes them)."""
-    got = _RATE_TABLES.get(num_sms)
+def _rate_table(rates: ArchRates, of: int | str):
+    """For an SM count `of`: `mma_rate` of every count of busy CTAs a persistent grid on that
+    many SMs can have (up to one pair past the SMs: a grid always runs one cluster), by that
+    count. For "wave": the divisors of `_byte_terms`' rows of bytes per CTA while CTAs run
+    (the chip's L2 delivery, L2 read and DRAM read rates); for "fixup", of its rows of partials
+    read back (over the CTA's L2 port, its share of the chip's in a full wave and in the last).
+    At `rates`: made again when they change (as `heuristics.device.costing_with` changes them)."""
+    got = _RATE_TABLES.get(of)
     if got is None or got[0] is not rates:
-        if num_sms is None:
+        if of == "wave":
             per_wave = [rates.l2_delivery_bytes_per_clk, rates.l2_total_bytes_per_clk, rates.dram_read_bytes_per_clk]
             table = np.array(per_wave, dtype=float)[:, None, None]
+        elif of == "fixup":
+            table = np.array([rates.l2_sm_bytes_per_clk] + 2 * [rates.l2_total_bytes_per_clk])[:, None]
         else:
-            table = mma_rate(rates, num_sms, np.arange(num_sms + 3))
-        got = _RATE_TABLES[num_sms] = rates, table
+            table = mma_rate(rates, int(of), np.arange(int(of) + 3))
+        got = _RATE_TABLES[of] = rates, table
     return got[1]
 
 
@@ -568,8 +571,11 @@ def costs(
     shared = til.wide is not None or _shared_wave_possible(problem)
     if shared and til.wide is None:
         til = til._replace(wide=_wide_wave_tiles(problem, t.block_m, til.num_m))
-    w = _wave_terms(device, t, til, k_blocks, shared, unsplit and not report, report)
-    return _byte_terms(problem, t, w, til.lands, til.l2_reads, til.dram_rows, report, til)
+    splits = None if unsplit and not report else np.minimum(t.split_k, k_blocks)  # (no split is empty)
+    w = _wave_terms(device, t, til, k_blocks, shared, report, splits)
+    lines = _shared_line_clk(problem, w.active, til.num_m * (1 + t.shares_a), til.num_n * (1 + t.shares_b))
+    moved = np.array((til.lands, til.l2_reads, np.broadcast_to(til.dram_rows, til.num_m.shape)), dtype=float)
+    return _byte_terms(problem, t, w, moved, np.maximum(w.fixed, lines), report, til, lines)
 
 
 class _Waves(NamedTuple):
@@ -592,31 +598,43 @@ class _Waves(NamedTuple):
     launch: Any  # clock cycles per launch
     # Split-K (where no candidate splits: split None, the others 0; see `_splitk_terms`):
     split: np.ndarray | None  # where a candidate splits
-    others: Any  # splits but split 0
     rounds: Any  # dependent L2 round trips of the fix-up
-    fixup_share: Any  # 2 (S - 1) / S per CTA of `active`: the partials it moves, on average
+    round_trip_clk: Any  # ... their clock cycles
+    fixup_reads: Any  # splits but split 0 (row 0), and 2 (S - 1) / S per CTA of `active` (rows 1, 2)
     ws_units: Any  # splits 1.. x column bytes x the tiles of a column (workspace = this x partial rows)
     num_m: Any  # m blocks
     column_bytes: Any  # bytes of fp32 partials of one row of a tile
 
 
-def _wave_terms(device: DeviceSpec, t: Tiles, til: _Tiling, k_blocks: int, shared: bool, single: bool, report: bool):
+def _wave_terms(
+    device: DeviceSpec,
+    t: Tiles,
+    til: _Tiling,
+    k_blocks: int,
+    shared: bool,
+    report: bool,
+    splits=None,
+    rounds=None,
+    legal=None,
+) -> _Waves:
     """`_Waves` of the candidates `t`, tiled `til`, over `k_blocks` K blocks; `shared`: whether
     any layout can run in a shared wave (`_shared_wave_possible`; then `til.wide` is counted);
-    `single`: every candidate is unsplit (the scalar 1 stands for its splits)."""
+    `splits`: the K splits each candidate uses (at most `k_blocks`), None where every candidate
+    is unsplit (the scalar 1 stands for its splits); `rounds`: `_splitk_terms`' round trips,
+    when known; `legal`: where the rules let a candidate through (the launch of the others costs
+    infinity), when not all."""
     r = RATES
     cluster, units = t.cluster_size, til.units
-    if single:
-        splits, kb_unit, work = 1, k_blocks, units
+    if splits is None:
+        kb_unit, work = k_blocks, units
     else:
-        splits = np.minimum(t.split_k, k_blocks)  # at most one per K block, so no split is empty
         kb_unit = ceil_div(k_blocks, splits)  # the longest split's K blocks
         work = units * splits
     # `waves_of(work, slots)` (work >= 1): every wave but the last keeps `busy` units running.
     slots, wave_slots = _slots(device, cluster) if til.slots is None else (til.slots, til.wave_slots)
     busy = np.minimum(slots, work)
-    full_waves = (work - 1) // busy
-    last = work - full_waves * busy
+    full_waves, last = np.divmod(work - 1, busy)  # (the last wave's units: the remainder + 1)
+    last += 1
     # CTAs busy in a full wave (the first row) and in the last (the second): every term that
     # depends on them is counted for both at once.
     active = np.array((busy, last))
@@ -628,27 +646,28 @@ def _wave_terms(device: DeviceSpec, t: Tiles, til: _Tiling, k_blocks: int, share
     # In a shared wave both L2 rates are faster.
     l2_gain, delivery_rate = None, r.l2_delivery_bytes_per_clk
     if shared:
-        in_wave = til.wide & ((til.tiles if single else til.tiles * splits) <= wave_slots)
+        in_wave = til.wide & ((til.tiles if splits is None else til.tiles * splits) <= wave_slots)
         if np.count_nonzero(in_wave):
             l2_gain = np.where(in_wave, r.l2_shared_wave_gain, 1.0)
             delivery_rate = delivery_rate * l2_gain
     # Per launch: the kernel's launch, ramp and drain; split-K's measured extra besides.
-    split = None if single else splits > 1
+    split = None if splits is None else splits > 1
     if split is not None and (report or np.count_nonzero(split)):
         launch = r.launch_clk + np.where(split, SPLITK_LAUNCH_CLK, 0)
-        more = _splitk_terms(t, splits, til.num_m, units * cluster, active)
+        more = _splitk_terms(t, splits, til.num_m, units * cluster, active, rounds)
     else:
         launch, split, more = r.launch_clk, None, (0, 0, 0, 0, 0, 0)
-    cta_per_kb = units * t.cluster_per_kb
+    if legal is not None:
+        launch = np.where(legal, launch, np.inf)
     return _Waves(
-        splits,
+        1 if splits is None else splits,
         kb_unit,
         work,
         busy,
         full_waves,
         last,
         active,
-        cta_per_kb,
+        units * t.cluster_per_kb,
         mma,
         fixed,
         l2_gain,
@@ -659,25 +678,38 @@ def _wave_terms(device: DeviceSpec, t: Tiles, til: _Tiling, k_blocks: int, share
     )
 
 
-def _splitk_terms(t: Tiles, splits, num_m, cta_tiles, active) -> tuple:
-    """The split-K columns of `_Waves`, but for `split`. Splits 1.. park their fp32 partial
-    tiles (only live rows) in the workspace; split 0 reads them back (a batch of splits a round
-    trip) and runs the epilogue."""
+def _splitk_terms(t: Tiles, splits, num_m, cta_tiles, active, rounds=None) -> tuple:
+    """The split-K columns of `_Waves`, but for `split` (`rounds`: the round trips, when
+    known). Splits 1.. park their fp32 partial tiles (only live rows) in the workspace; split 0
+    reads them back (a batch of splits a round trip) and runs the epilogue."""
     others = splits - 1
-    rounds = np.where(others > 0, SPLITK_SYNC_ROUND_TRIPS + ceil_div(others, splits_per_read(t.split_k, t.acc_regs)), 0)
-    # on average a CTA moves 2 (S - 1) / S partials: splits 1.. store one, split 0 reads S - 1
-    fixup_share = active * 2 * others / splits
+    if rounds is None:
+        rounds = _fixup_rounds(others, t.split_k, t.acc_regs)
+    # What a CTA reads back, in partial tiles: split 0 the others' over its own L2 port; on
+    # average a CTA moves 2 (S - 1) / S partials over its share of the chip's (splits 1.. store
+    # one, split 0 reads S - 1).
+    reads = np.empty((3, len(others)))
+    reads[0] = others
+    reads[1:] = active * 2 * others / splits
     column_bytes = t.block_n * PARTIAL_BYTES
-    return others, rounds, fixup_share, others * column_bytes * (cta_tiles // num_m), num_m, column_bytes
+    ws_units = others * column_bytes * (cta_tiles // num_m)
+    return rounds, rounds * L2_ROUND_TRIP_CLK, reads, ws_units, num_m, column_bytes
+
+
+def _fixup_rounds(others, split_k, acc_regs):
+    """Dependent L2 round trips of the split-K fix-up of tiles of `acc_regs` accumulators split
+    `others` + 1 ways, of at most `split_k` (0 unsplit; elementwise)."""
+    return np.where(others > 0, SPLITK_SYNC_ROUND_TRIPS + ceil_div(others, splits_per_read(split_k, acc_regs)), 0)
 
 
 def _byte_terms(
-    problem: Problem, t: Tiles, w: _Waves, lands, l2_reads, dram_rows, report=False, til=None, shared_lines=None
+    problem: Problem, t: Tiles, w: _Waves, moved: np.ndarray, floor, report=False, til=None, lines=None
 ) -> dict:
-    """`costs` of the candidates `t` with wave terms `w`, whose tiles land `lands` rows and
-    columns in shared memory, read `l2_reads` from L2 and stream `dram_rows` from DRAM (all
-    CTAs together, per K slice; see `_Tiling`); with `report`, the terms `explain` reports
-    (`til` their tiling); `shared_lines`: `_shared_line_clk` of the problem, when known."""
+    """`costs` of the candidates `t` with wave terms `w`, whose tiles land `moved[0]` rows and
+    columns in shared memory, read `moved[1]` from L2 and stream `moved[2]` from DRAM (all CTAs
+    together, per K slice; see `_Tiling`), and whose k-blocks take at least `floor` (per row
+    of `w.active`: the largest of `w.fixed` and the shared-line term `lines`, whatever the bytes
+    they move); with `report`, the terms `explain` reports (`til` their tiling)."""
     r = RATES
     # Per k-block of one CTA (`Tiles` holds the times of the tile alone). Bytes per CTA, one row
     # each: landing in its shared memory; read from L2; from DRAM (A once, B once per column
@@ -686,15 +718,13 @@ def _byte_terms(
     # recomputed peer past the edge included (the m blocks of a column share B through L2):
     # rows * K_BLOCK_BYTES / (units * cluster), computed as rows / (units * cluster_per_kb),
     # which rounds alike (the two scalings by K_BLOCK_BYTES, a power of 2, are exact).
-    per_cta = np.array((lands, l2_reads, dram_rows))
-    per_cta /= w.cta_per_kb
+    per_cta = moved / w.cta_per_kb
     l2_ingress = per_cta[0] / r.l2_sm_bytes_per_clk
-    fixed = np.maximum(w.fixed, l2_ingress)
     # While `active` CTAs run, one row each: the L2 delivery into every CTA's shared memory,
     # the CTA's share of the chip-wide L2 bandwidth and its DRAM streaming time
     # (`dram_stream_clk`: the loaded latency over the stages in flight, in series with its
     # share of the read bandwidth).
-    rates = _rate_table(r, None)
+    rates = _rate_table(r, "wave")
     if w.l2_gain is None:  # (a gain of 1 changes no term)
         per_wave = per_cta[:, None] * w.active
         per_wave /= rates
@@ -704,10 +734,8 @@ def _byte_terms(
         per_wave[0] /= w.delivery_rate
         per_wave[1:] /= rates[1:]
     per_wave[2] += t.dram_latency_clk
-    clk = np.maximum(np.maximum(fixed, per_wave[0]), np.maximum(per_wave[1], per_wave[2]))  # the slowest
-    if shared_lines is None:
-        shared_lines = _shared_line_clk(problem, t, w.active)
-    clk = np.maximum(clk, shared_lines)
+    # the slowest (maxima are exact, in any order)
+    clk = np.maximum(np.maximum(floor, l2_ingress), np.maximum(np.maximum(per_wave[0], per_wave[1]), per_wave[2]))
 
     # Per unit, in a full wave and in the last: its k-blocks, split-K's fix-up (serial after the
     # main loop: the other splits' store fence and count, the read-back of their partials over
@@ -721,9 +749,9 @@ def _byte_terms(
         # exact in either order), and all of them.
         ws_tile = rows / w.num_m * w.column_bytes
         ws_total = w.ws_units * rows
-        own = w.others * ws_tile / r.l2_sm_bytes_per_clk  # split 0 reads the others back
-        chip = w.fixup_share * ws_tile / r.l2_total_bytes_per_clk
-        fixup = w.rounds * L2_ROUND_TRIP_CLK + np.maximum(own, chip)  # (0 unsplit)
+        reads = w.fixup_reads * ws_tile
+        reads /= _rate_table(r, "fixup")
+        fixup = w.round_trip_clk + np.maximum(reads[0], reads[1:])  # (0 unsplit)
         clk += fixup
     clk += t.epilogue_clk
     sm_time = w.full_waves * clk[0] + clk[1]  # `persistent_time`
@@ -731,23 +759,23 @@ def _byte_terms(
     # The DRAM floor: the operands at the read-only streaming rate, output and workspace at the
     # copy rate.
     # (dram_rows * K * the element size: a power of 2, whose scaling is exact in either order)
-    hbm_time = dram_rows * (problem.k * DTYPE_BYTES[problem.dtype]) / r.dram_read_bytes_per_clk
+    hbm_time = moved[2] * (problem.k * DTYPE_BYTES[problem.dtype]) / r.dram_read_bytes_per_clk
     hbm_time += (output_bytes(problem) + ws_total) / r.hbm_bytes_per_clk
     cost = np.maximum(sm_time, hbm_time)
     cost += w.launch
-    out = {"cost": cost, "sm_time": sm_time, "l2_reads": l2_reads, "splits": w.splits}
+    out = {"cost": cost, "sm_time": sm_time, "l2_reads": moved[1], "splits": w.splits}
     if report:
         terms = {"mma": w.mma, "smem": t.smem_clk, "l2_ingress": l2_ingress, "latency": t.latency_clk}
-        terms["shared_lines"] = shared_lines[0]
+        terms["shared_lines"] = lines[0]
         terms.update(l2=per_wave[1, 0], dram=per_wave[2, 0], delivery=per_wave[0, 0])
         cta_tiles = til.units * t.cluster_size
         out.update(
             bound=np.where(hbm_time >= sm_time, "hbm", slowest(terms)[0]),
             hbm_time=hbm_time,
-            traffic=Traffic(cta_tiles, til.units, l2_reads, lands),
+            traffic=Traffic(cta_tiles, til.units, til.l2_reads, til.lands),
             waves=Waves(w.work, w.busy, w.full_waves + 1, w.last),
             kb_unit=w.kb_unit,
-            dram_efficiency=np.broadcast_to((problem.m + til.covered_b) / dram_rows, sm_time.shape),
+            dram_efficiency=np.broadcast_to((problem.m + til.covered_b) / moved[2], sm_time.shape),
             launch=w.launch,
             fixup=fixup[0],
             rounds=w.rounds,
@@ -764,17 +792,22 @@ def _requests_per_line(major: str, extent: int, mn_major: str) -> int:
     return max(1, 8 // -(-min(extent, 64) // 8))
 
 
-def _shared_line_clk(problem: Problem, t: Tiles, active) -> np.ndarray:
+def _shared_line_clk(problem: Problem | _Shape, active, a_groups, b_groups) -> np.ndarray:
     """Per k-block (rows as `active`'s: a full wave, the last), the requests the busiest line
     of an operand tile serves: the CTAs reading the tile at once (the active CTAs over the m
-    blocks for A, the n blocks for B, at least 1; a multicast pair's CTAs request once) times its
-    box rows per line, at LINE_REQUEST_CLK each. Depends on M only through the m block counts
-    and ceil(M / 8), which are constant in a span of M (`_span`)."""
+    blocks for A, the n blocks for B, at least 1; a multicast pair's CTAs request once: over
+    `a_groups`, m blocks x (1 + shares_a), and `b_groups`) times its box rows per line, at
+    LINE_REQUEST_CLK each. Depends on M only through the m block counts and ceil(M / 8), which
+    are constant in a span of M (`_span`)."""
     a_line = _requests_per_line(problem.a_major, problem.m, "M")
     b_line = _requests_per_line(problem.b_major, problem.n, "N")
-    num_m, num_n = ceil_div(problem.m, t.block_m), ceil_div(problem.n, t.block_n)
-    a_share = np.maximum(active / (num_m * (1 + t.shares_a)), 1)
-    b_share = np.maximum(active / (num_n * (1 + t.shares_b)), 1)
+    if a_line == b_line:
+        # The busier operand is the one over fewer groups: every quotient, maximum and product
+        # rounds alike (each rounding is monotonic), once instead of once per operand.
+        share = np.maximum(active / np.minimum(a_groups, b_groups), 1)
+        return LINE_REQUEST_CLK * (share if a_line == 1 else share * a_line)
+    a_share = np.maximum(active / a_groups, 1)
+    b_share = np.maximum(active / b_groups, 1)
     return LINE_REQUEST_CLK * np.maximum(a_share * a_line, b_share * b_line)
 
 
@@ -924,7 +957,7 @@ def _raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec, b_box: int,
     """The raster fields of the smallest working set of `cfg`'s tiles, which load `b_box`
     columns of B, split `split_k` ways. With split-K the consecutive work units of a wave are
     the splits of fewer tiles."""
-    splits = int(geometry.splits_used(split_k, cfg.block_k, problem.k)) if split_k > 1 else 1
+    splits = min(split_k, ceil_div(problem.k, cfg.block_k))  # (`geometry.splits_used`)
     slots = max(1, device.num_sms // cfg.cluster_size // splits)
     km, kn = kernel_shape(cfg, problem.m, problem.n)  # swap_ab tiles are in kernel coordinates
     raster, group, _ = choose_raster(
@@ -967,22 +1000,44 @@ class _Layouts(NamedTuple):
     half_split_slots: np.ndarray  # split_slots // 2
     split_count: np.ndarray  # `_split_count` of its most splits, most = 0..max(split_slots)
     splits_up_to: np.ndarray  # how many of SPLITS are <= s, s = 0..num_sms
+    split_rounds: np.ndarray  # per row of `tiles` and each of SPLITS: `_fixup_rounds`
     # What a problem's M makes of a row of `tiles` depends on its block_m, its multicast and
     # (an M-major A) the pieces of A it loads only: the rows' classes, which `_by_m` counts.
     classes: tuple  # (block_m, the index of the multicast in MULTICASTS, a_piece or 0) of each class
-    class_of: np.ndarray  # per row of `tiles`: its class
     by_m_index: np.ndarray  # `_by_m`'s table per row of `tiles`, from its classes' rows one after the other
-    slots: np.ndarray  # per row of `tiles`: `_Tiling.slots`
-    wave_slots: np.ndarray  # ... `_Tiling.wave_slots`
-    pair_n: np.ndarray  # ... the tiles of a cluster unit along N (2 for a pair sharing A, else 1)
-    pair_m: np.ndarray  # ... along M
+    # Per row of `tiles`, the rows of `per_row`: `_Tiling.slots`, `_Tiling.wave_slots`, the
+    # tiles of a cluster unit along N (2 for a pair sharing A, else 1) and along M, its class.
+    per_row: np.ndarray
     unpaired_a: np.ndarray  # ... not a pair sharing A
-    boxes_within: bool  # whether no tile loads B past its columns (see `covered_extent`)
+    # The (block_n, b_box) of the tiles that load B past their columns (see `covered_extent`),
+    # and per row of `tiles`, the index of its own (that count, for a tile that does not).
+    wide_boxes: tuple
+    box_of: np.ndarray
 
     @property
     def staged(self) -> int:
         """The rows of `tiles` that are layouts (the B-tail variants follow them)."""
         return len(self.tiles) - len(self.tail_of)
+
+    @property
+    def slots(self) -> np.ndarray:
+        return self.per_row[0]
+
+    @property
+    def wave_slots(self) -> np.ndarray:
+        return self.per_row[1]
+
+    @property
+    def pair_n(self) -> np.ndarray:
+        return self.per_row[2]
+
+    @property
+    def pair_m(self) -> np.ndarray:
+        return self.per_row[3]
+
+    @property
+    def class_of(self) -> np.ndarray:
+        return self.per_row[4]
 
 
 @functools.lru_cache(maxsize=64)
@@ -1020,8 +1075,9 @@ def _layouts(device: DeviceSpec, *kind) -> _Layouts:
     keys = list(zip(tiles.block_m.tolist(), tiles.multicast.tolist(), a_pieces.tolist()))
     classes = tuple(sorted(set(keys)))
     class_of = np.array([classes.index(key) for key in keys], dtype=int)
-    by_m_index = class_of * _BY_M + np.arange(_BY_M)[:, None]
-    slots, wave_slots = _slots(device, tiles.cluster_size)
+    boxes = list(zip(tiles.block_n.tolist(), tiles.b_box.tolist()))
+    wide_boxes = tuple(sorted({(block_n, box) for block_n, box in boxes if box > block_n}))
+    box_of = [wide_boxes.index(pair) if pair in wide_boxes else len(wide_boxes) for pair in boxes]
     return _Layouts(
         tuple(descriptions),
         tuple(fields),
@@ -1034,15 +1090,13 @@ def _layouts(device: DeviceSpec, *kind) -> _Layouts:
         split_slots // 2,
         _split_count(1, 4 * int(split_slots.max()), np.arange(split_slots.max() + 1)),
         SPLIT_VALUES.searchsorted(np.arange(device.num_sms + 1), side="right"),
+        _fixup_rounds(SPLIT_VALUES - 1, SPLIT_VALUES, tiles.acc_regs[:, None]),
         classes,
-        class_of,
-        by_m_index,
-        slots,
-        wave_slots,
-        1 + tiles.shares_a,
-        1 + tiles.shares_b,
+        class_of * _BY_M + np.arange(_BY_M)[:, None],
+        np.array((*_slots(device, tiles.cluster_size), 1 + tiles.shares_a, 1 + tiles.shares_b, class_of)),
         tiles.shares_a == 0,
-        bool(np.all(tiles.b_box <= tiles.block_n)),
+        wide_boxes,
+        np.array(box_of, dtype=int),
     )
 
 
@@ -1057,9 +1111,10 @@ def _layouts_of(problem: Problem, device: DeviceSpec) -> _Layouts:
 class _ByN(NamedTuple):
     """What a problem's N makes of the rows of a `_Layouts` (see `_traffic`), elementwise."""
 
-    num_n: np.ndarray
-    grid_n: np.ndarray  # cluster units along N
-    b_cols: np.ndarray  # columns of B one row of cluster units reads
+    # Rows: n blocks, cluster units along N, the columns of B one row of cluster units reads,
+    # and the groups the CTAs reading B spread over (n blocks x (1 + shares_b), see
+    # `_shared_line_clk`).
+    counts: np.ndarray
     covered_b: Any
     b_dram: np.ndarray  # the columns of B streamed from DRAM, weighted by the DRAM efficiency of their runs
     can_share: np.ndarray  # 0 for a pair sharing A with one n block (nothing to share), else 1
@@ -1072,65 +1127,72 @@ def _by_n(device: DeviceSpec, kind: tuple, n: int) -> _ByN:
     t = lay.tiles
     num_n = -(-n // t.block_n)
     grid_n = (num_n + t.shares_a) // lay.pair_n  # (`ceil_div`)
-    covered_b = n if lay.boxes_within else covered_extent(n, t.block_n, t.b_box)
+    covered_b = n
+    if lay.wide_boxes:  # (counted once per box width, in plain integers)
+        covered_b = np.array([covered_extent(n, block, box) for block, box in lay.wide_boxes] + [n]).take(lay.box_of)
     # A pair sharing A whose peer falls past the edge re-reads the last n block.
     b_cols = covered_b + (num_n & t.shares_a) * ((n - 1) % t.block_n + 1)
     if kind[3] == "K":
         b_dram = np.full(len(t), covered_b / dram_run_efficiency(RATES, K_BLOCK_BYTES))
     else:
         b_dram = covered_b / dram_run_efficiency(RATES, np.minimum(t.b_piece, n) * DTYPE_BYTES[kind[0]])
-    return _ByN(num_n, grid_n, b_cols, covered_b, b_dram, (num_n >= 2) | lay.unpaired_a)
+    counts = np.array((num_n, grid_n, b_cols, num_n * lay.pair_m))
+    return _ByN(counts, covered_b, b_dram, (num_n >= 2) | lay.unpaired_a)
 
 
-_BY_M = 5  # the rows of `_by_m`'s table
+_BY_M = 7  # the rows of `_by_m`'s table
 
 
-def _by_m(problem: Problem, lay: _Layouts) -> np.ndarray:
-    """Per row of `lay.tiles`, one row each: m blocks, cluster units along M, whether the
-    single-wave rule's exception applies (1 for an unpaired tile: the rule does not), whether a
-    pair sharing B has two m blocks to share (1 for the others), whether the tiles are wide
-    enough for a shared wave (`_wide_wave_tiles`); counted once per class of rows. M enters
-    them through its m block counts only."""
+def _by_m(problem: Problem | _Shape, lay: _Layouts) -> np.ndarray:
+    """Per row of `lay.tiles`, one row each: m blocks, cluster units along M (twice, to multiply
+    by `_ByN.counts`: see `_rows`), whether the single-wave rule's exception applies (1 for an
+    unpaired tile: the rule does not), whether a pair sharing B has two m blocks to share (1
+    for the others), whether the tiles are wide enough for a shared wave (`_wide_wave_tiles`),
+    and the groups the CTAs reading A spread over (m blocks x (1 + shares_a), see
+    `_shared_line_clk`); counted once per class of rows. M enters them through its m block
+    counts only."""
     m = problem.m
     wide_n = problem.n >= SHARED_WAVE_MIN_N
-    ints = []  # the classes' rows one after the other, `_BY_M` columns each
+    ints: list = []  # the classes' rows one after the other, `_BY_M` columns each
     for block_m, multicast, _ in lay.classes:
         num_m = -(-m // block_m)
         wide = block_m >= 128 and num_m >= SHARED_WAVE_M_BLOCKS and wide_n
         if multicast == 1:  # a pair sharing B
-            ints += (num_m, -(-num_m // 2), num_m == 2, num_m >= 2, wide)
+            grid_m = -(-num_m // 2)
+            ints += (num_m, grid_m, grid_m, num_m == 2, num_m >= 2, wide, num_m)
+        elif multicast == 0:  # a pair sharing A
+            ints += (num_m, num_m, num_m, wide, True, wide, 2 * num_m)
         else:
-            ints += (num_m, num_m, wide if multicast == 0 else True, True, wide)
-    return np.array(ints)[lay.by_m_index]
+            ints += (num_m, num_m, num_m, True, True, wide, num_m)
+    return np.array(ints).take(lay.by_m_index)
 
 
-def _a_side(problem: Problem, lay: _Layouts, class_of: np.ndarray) -> tuple:
-    """(the rows of A one column of cluster units reads (see `_traffic`); the rows of A streamed
-    from DRAM, weighted by the DRAM efficiency of their runs (one for all, or per row)), of the
-    rows of `lay.tiles` of these classes, counted once per class."""
+def _a_side(problem: Problem | _Shape, lay: _Layouts) -> tuple[list, list]:
+    """(the rows of A one column of cluster units reads (see `_traffic`); the rows of A
+    streamed from DRAM, weighted by the DRAM efficiency of their runs), of each class of
+    `lay.classes`."""
     m = problem.m
     # A pair sharing B whose peer falls past the edge re-reads the last m block.
     rows = [m + ((m - 1) % b + 1) * (-(-m // b) % 2) if mc == 1 else m for b, mc, _ in lay.classes]
     if problem.a_major == "K":
-        return np.array(rows)[class_of], m / dram_run_efficiency(RATES, K_BLOCK_BYTES)
+        return rows, [m / dram_run_efficiency(RATES, K_BLOCK_BYTES)] * len(rows)
     elem = DTYPE_BYTES[problem.dtype]
-    a_dram = [m / dram_run_efficiency(RATES, min(piece, m) * elem) for _, _, piece in lay.classes]
-    return np.array(rows)[class_of], np.array(a_dram)[class_of]
+    return rows, [m / dram_run_efficiency(RATES, min(piece, m) * elem) for _, _, piece in lay.classes]
 
 
 class _Rows(NamedTuple):
     """A problem's tiling by every row of the `_Layouts` of its kind, with what the rules that
     look at the shape read of each (per row, see `_by_m`): `exempt` from the single-wave rule,
-    a pair that `can_share`."""
+    a pair that `can_share`; and the tables it was counted from."""
 
     layouts: _Layouts
     tiling: _Tiling
     k_blocks: int
     exempt: np.ndarray
     can_share: np.ndarray
-    grid_n: np.ndarray  # cluster units along N
-    b_reads: np.ndarray  # columns of B read out of L2, all CTAs together (see `_traffic`)
-    b_dram: np.ndarray  # ... streamed from DRAM, weighted by the DRAM efficiency of their runs
+    m_side: np.ndarray  # `_by_m`'s table
+    by_n: _ByN
+    made: np.ndarray  # rows: tiles, cluster units, columns of B read out of L2 (all CTAs together)
 
     def splits(self, device: DeviceSpec) -> tuple:
         """(first, end, count), per row: the rules let SPLITS[first:end] through, of the
@@ -1186,31 +1248,33 @@ def _rows(problem: Problem | _Shape, device: DeviceSpec, moves: bool = True) -> 
     kind = _kind(problem)
     lay = _layouts(device, *kind)
     by_n = _by_n(device, kind, problem.n)
-    num_m, grid_m, exempt, can_share, wide = _by_m(problem, lay)
-    # `_traffic`, with what depends on one of M and N counted once for each.
-    b_reads = grid_m * by_n.b_cols
+    m_side = _by_m(problem, lay)
+    # `_traffic`, with what depends on one of M and N counted once for each: tiles, cluster
+    # units, and the columns of B read out of L2 (all CTAs together), at once.
+    made = m_side[:3] * by_n.counts[:3]
+    tiles, units, b_reads = made
     l2_reads = lands = dram_rows = None
     if moves:
-        a_rows, a_dram = _a_side(problem, lay, lay.class_of)
-        a_reads = by_n.grid_n * a_rows
+        a_rows, a_dram = _a_side(problem, lay)
+        a_reads = by_n.counts[1] * np.array(a_rows).take(lay.class_of)
         l2_reads = a_reads + b_reads
         lands = a_reads * lay.pair_n + b_reads * lay.pair_m  # a shared tile lands in both CTAs of its pair
-        dram_rows = a_dram + by_n.b_dram
+        dram_rows = np.array(a_dram).take(lay.class_of) + by_n.b_dram
     til = _Tiling(
-        num_m,
-        by_n.num_n,
-        num_m * by_n.num_n,
-        grid_m * by_n.grid_n,
+        m_side[0],
+        by_n.counts[0],
+        tiles,
+        units,
         l2_reads,
         lands,
         by_n.covered_b,
         dram_rows,
         lay.slots,
         lay.wave_slots,
-        wide if _shared_wave_possible(problem) else None,
+        m_side[5] if _shared_wave_possible(problem) else None,
     )
     k_blocks = ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype])
-    return _Rows(lay, til, k_blocks, exempt, can_share & by_n.can_share, by_n.grid_n, b_reads, by_n.b_dram)
+    return _Rows(lay, til, k_blocks, m_side[3], m_side[4] & by_n.can_share, m_side, by_n, made)
 
 
 class _Search(NamedTuple):
@@ -1224,6 +1288,10 @@ class _Search(NamedTuple):
 
 
 SPLIT_INDEX = np.arange(len(SPLITS))
+# SPLIT_RANGES[first, end]: whether each of SPLITS is one of SPLITS[first:end] (see `_Rows.splits`).
+SPLIT_RANGES = (np.arange(len(SPLITS) + 1)[:, None, None] <= SPLIT_INDEX) & (
+    SPLIT_INDEX < np.arange(len(SPLITS) + 1)[:, None]
+)
 
 
 def _search(problem: Problem, device: DeviceSpec, report: bool = False, rows: _Rows | None = None) -> _Search:
@@ -1232,7 +1300,7 @@ def _search(problem: Problem, device: DeviceSpec, report: bool = False, rows: _R
     r = _rows(problem, device) if rows is None else rows
     lay, t = r.layouts, r.layouts.tiles
     first, end, count = r.splits(device)
-    rows, split = ((first[:, None] <= SPLIT_INDEX) & (SPLIT_INDEX < end[:, None])).nonzero()
+    rows, split = SPLIT_RANGES[first, end].nonzero()
     if not len(rows):
         raise ValueError(f"no legal {ARCH} configuration for {problem.describe()}")
     candidates = t.take(rows, SPLIT_VALUES[split])
@@ -1279,15 +1347,14 @@ def _span(m: int) -> tuple[int, int]:
 def _grain_costs(problem, s: _Skeleton) -> dict:
     """`costs` of the candidates of `s` for `problem` (a Problem or a `_Shape` of its grain),
     those the rules remove at infinity."""
-    a_rows, a_dram = _a_side(problem, s.layouts, s.class_of)
-    a_reads = s.grid_n * a_rows
-    lands = a_reads * s.pair_n + s.b_lands  # (`_traffic`: a shared tile lands in both CTAs of its pair)
-    c = _byte_terms(
-        problem, s.candidates, s.waves, lands, a_reads + s.b_reads, a_dram + s.b_dram, shared_lines=s.shared_lines
-    )
-    if s.legal is not None:
-        c["cost"] = np.where(s.legal, c["cost"], np.inf)
-    return c
+    a_rows, a_dram = _a_side(problem, s.layouts)
+    # (`_traffic`: the rows and columns moved, a shared tile landing in both CTAs of its pair)
+    moved = s.a_moves * np.array((a_rows, a_rows, a_dram)).take(s.class_of, axis=1)
+    moved += s.b_moved
+    floor = s.floor
+    if floor is None:
+        floor = np.maximum(s.waves.fixed, _shared_line_clk(problem, s.waves.active, *s.line_groups))
+    return _byte_terms(problem, s.candidates, s.waves, moved, floor)
 
 
 def _span_choice(problem: Problem, s: _Skeleton, span: tuple[int, int]) -> int:
@@ -1315,21 +1382,23 @@ assert not any(block_m % M_GRAIN for block_m in BLOCK_MS)
 
 class _Skeleton(NamedTuple):
     """What select costs alike for every problem of one kind, N, K and ceil(M / M_GRAIN): the
-    candidates (`_search`'s; or, where no layout can split, every layout, with the rules'
-    verdicts in `legal`), their wave terms (`_Waves`) and what the bytes they move take from
-    N. M enters all of them only through its m block counts (`_by_m`)."""
+    candidates (`_search`'s; or, where no layout can split, every layout, those the rules
+    remove at an infinite launch cost), their wave terms (`_Waves`) and what the bytes they
+    move take from N. M enters all of them only through its m block counts (`_by_m`)."""
 
     layouts: _Layouts
     candidates: Tiles
-    legal: np.ndarray | None  # where the rules let a candidate through (None: every candidate)
     waves: _Waves
     class_of: np.ndarray  # per candidate: its class of `layouts.classes`
-    grid_n: np.ndarray  # cluster units along N
-    pair_n: np.ndarray  # the tiles of a cluster unit along N
-    b_reads: np.ndarray  # columns of B read out of L2, all CTAs together (see `_traffic`)
-    b_lands: np.ndarray  # ... landing in shared memory
-    b_dram: np.ndarray  # ... streamed from DRAM, weighted by the DRAM efficiency of their runs
-    shared_lines: np.ndarray | None  # `_shared_line_clk`, where every M of the grain has the same
+    # The rows landing in shared memory, read out of L2 and streamed from DRAM (all CTAs
+    # together, per K slice): per row of A (`_a_side`'s rows, rows and DRAM rows, in turn),
+    # and of B (see `_traffic`).
+    a_moves: np.ndarray
+    b_moved: np.ndarray
+    # The largest of `_Waves.fixed` and `_shared_line_clk`, where every M of the grain has the
+    # same; else None, and `_shared_line_clk`'s groups.
+    floor: np.ndarray | None
+    line_groups: tuple | None
     spans: dict  # (the least M, the largest) of a span of the grain -> see `_best`
 
 
@@ -1337,12 +1406,14 @@ class _Skeleton(NamedTuple):
 def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int, plain: bool = False) -> _Skeleton | None:
     """`_Skeleton` of the problems of `kind` with N = n, K = k and ceil(M / M_GRAIN) = m_grains
     (None when no candidate is legal); with `plain`, of the layouts that can run swapped
-    (`_plain_tiles`), unsplit, with the rules' verdicts in `legal` (`_plain_costs` costs them
+    (`_plain_tiles`), unsplit, those the rules remove at infinity (`_plain_costs` costs them
     alike)."""
     like = _Shape((m_grains - 1) * M_GRAIN + 1, n, k, *kind)  # (the least M of the grain)
     r = _rows(like, device, moves=False)
-    lay, t, til = r.layouts, r.layouts.tiles, r.tiling
+    lay, t = r.layouts, r.layouts.tiles
     legal = r.unsplit(device)
+    splits = rounds = None  # (every candidate unsplit)
+    rows = None  # every layout
     if plain:
         if legal is None:
             first, end, _ = r.splits(device)
@@ -1351,36 +1422,31 @@ def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int, pl
         legal = legal[rows]
         if not np.count_nonzero(legal):
             return None
-        til = til.take(rows)
     elif legal is None:
         first, end, _ = r.splits(device)
-        rows, split = ((first[:, None] <= SPLIT_INDEX) & (SPLIT_INDEX < end[:, None])).nonzero()
+        rows, split = SPLIT_RANGES[first, end].nonzero()
         if not len(rows):
             return None
-        t, til = t.take(rows, SPLIT_VALUES[split]), til.take(rows)
+        splits, rounds = SPLIT_VALUES[split], lay.split_rounds[rows, split]
+        t = t.take(rows, splits)
     elif not np.count_nonzero(legal):
         return None
-    else:
-        rows = slice(None)  # every layout
-    w = _wave_terms(device, t, til, r.k_blocks, til.wide is not None, plain or legal is not None, False)
-    b_reads = r.b_reads[rows]
+    m_side, n_side, made = (a if rows is None else a.take(rows, axis=1) for a in (r.m_side, r.by_n.counts, r.made))
+    slots, wave_slots, pair_n, pair_m, class_of = lay.per_row if rows is None else lay.per_row.take(rows, axis=1)
+    wide = None if r.tiling.wide is None else m_side[5]
+    til = _Tiling(m_side[0], n_side[0], made[0], made[1], None, None, None, None, slots, wave_slots, wide)
+    w = _wave_terms(device, t, til, r.k_blocks, wide is not None, False, splits, rounds, legal)
     # M enters the shared-line term through its m block counts and, for an M-major A of one
     # grain, ceil(M / 8) (`_requests_per_line`): the same for every M of any other grain.
-    lines = _shared_line_clk(like, t, w.active) if m_grains > 1 or kind[2] == "K" else None
-    return _Skeleton(
-        lay,
-        t,
-        legal,
-        w,
-        lay.class_of[rows],
-        r.grid_n[rows],
-        lay.pair_n[rows],
-        b_reads,
-        b_reads * lay.pair_m[rows],
-        r.b_dram[rows],
-        lines,
-        {},
-    )
+    floor, groups = None, (m_side[6], n_side[3])
+    if m_grains > 1 or kind[2] == "K":
+        floor, groups = np.maximum(w.fixed, _shared_line_clk(like, w.active, *groups)), None
+    a_moves = np.ones((3, len(class_of)))
+    a_moves[1] = n_side[1]
+    a_moves[0] = a_moves[1] * pair_n
+    b_reads = made[2]
+    b_moved = np.array((b_reads * pair_m, b_reads, r.by_n.b_dram if rows is None else r.by_n.b_dram[rows]), dtype=float)
+    return _Skeleton(lay, t, w, class_of, a_moves, b_moved, floor, groups, {})
 
 
 class _Shape(NamedTuple):

@@ -65,16 +65,21 @@ def covered_extent(size, block, box):
     block, e.g. 3 x 64 for a block of 176) re-reads part of the neighbouring block.
     Elementwise over NumPy arrays too (`size` itself where no box is wider than its block).
     """
+    if isinstance(box, int) and isinstance(block, int):  # (plain integers: cheaper without NumPy)
+        return size if box <= block else _wide_box_extent(size, block, box, max(0, (size - box) // block + 1))
     if not np.count_nonzero(np.greater(box, block)):
         return size
-    nblocks = ceil_div(size, block)
-    # Blocks whose whole box is inside (j * block + box <= size) read `box`; block j of the
-    # others reads size - j * block. (Where size < box, (size - box) // block + 1 <= 0.)
-    full = np.minimum(nblocks, np.maximum(0, (size - box) // block + 1))
-    rest = nblocks - full
-    clipped = rest * size - block * ((full + nblocks - 1) * rest // 2)
-    total = np.where(box <= block, size, full * box + clipped)
+    total = np.where(box <= block, size, _wide_box_extent(size, block, box, np.maximum(0, (size - box) // block + 1)))
     return int(total) if np.ndim(total) == 0 else total
+
+
+def _wide_box_extent(size, block, box, full):
+    """`covered_extent` where box > block: the first `full` blocks, whose whole box is inside
+    (j * block + box <= size, fewer than all: (size - box) // block + 1 < ceil(size / block),
+    at least 0), read `box`; block j of the others reads size - j * block (elementwise)."""
+    nblocks = ceil_div(size, block)
+    rest = nblocks - full
+    return full * box + rest * size - block * ((full + nblocks - 1) * rest // 2)
 
 
 class Waves(NamedTuple):
