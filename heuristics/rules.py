@@ -175,7 +175,7 @@ def stage_rule(block_m: int, block_n: int, stages: int) -> str | None:
 
 def at_stages(smem_of: Callable[[KernelConfig], int]) -> Callable[[KernelConfig, int], int]:
     """A `max_stages` formula from `smem_of(cfg)`, a formula that reads the stage count from the config."""
-    return lambda cfg, stages: smem_of(with_fields(cfg, num_stages=stages))
+    return lambda cfg, stages: smem_of(cfg.derived(num_stages=stages))  # (max_stages keeps 2..16)
 
 
 def with_stages(
@@ -185,4 +185,4 @@ def with_stages(
     MAX_STAGES; at least 2), the count that fits (0 when not even 2 do)). `smem_of`: the
     arch's shared-memory formula, as for `max_stages`."""
     stages = max_stages(cfg, device.smem_capacity, MAX_STAGES, smem_of=smem_of)
-    return with_fields(cfg, num_stages=max(2, stages)), stages
+    return cfg.derived(num_stages=max(2, stages)), stages  # (max_stages keeps 2..MAX_STAGES)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,8 +26,8 @@ from .device import DeviceSpec
 from .rules import base_config, stage_rule, with_stages
 
 
-@dataclass
-class Candidate:
+# NamedTuples: a dataclass costs a millisecond of the first select's import.
+class Candidate(NamedTuple):
     """A legal configuration with its modelled cost.
 
     `cost` is the modelled time (clock cycles) and the primary key; `key` holds the rest of the
@@ -36,8 +37,8 @@ class Candidate:
 
     config: KernelConfig
     cost: float
-    key: tuple = ()
-    terms: dict = field(default_factory=dict)
+    key: tuple
+    terms: dict
 
     def sort_key(self) -> tuple:
         return (self.cost,) + tuple(self.key) + (self.config.name,)
@@ -48,8 +49,7 @@ class Candidate:
         return out
 
 
-@dataclass(frozen=True)
-class Rejection:
+class Rejection(NamedTuple):
     """A candidate removed by a rule: a short description of it and the rule, in words."""
 
     config: str

@@ -73,8 +73,8 @@ from .cost import (
     tma_latency_clk,
 )
 from .device import ArchRates, DeviceSpec, arch_rates
-from .rules import MIN_STAGES, with_fields
-from .search import Candidate, Rejection, describe_layout, explanation, report_terms, screen
+from .rules import MIN_STAGES, base_config, stage_rule, with_fields
+from .search import Candidate, Rejection, describe_layout, explanation, report_terms
 from .sm90_checks import ACC_REG_LIMIT, SPLITK_ACC_REG_LIMIT, acc_regs, num_consumers_for
 
 ARCH = "sm_90a"
@@ -816,7 +816,7 @@ def _terms(problem: Problem, device: DeviceSpec, t: Tiles, c: dict, i: int) -> d
     w, tr = c["waves"], c["traffic"]
     elem = DTYPE_BYTES[problem.dtype]
     wave = Waves(int(w.tiles[i]), int(w.slots[i]), int(w.waves[i]), int(w.last_wave_tiles[i]))
-    row_traffic = Traffic(*(int(getattr(tr, f)[i]) for f in Traffic.__dataclass_fields__))
+    row_traffic = Traffic(*(int(getattr(tr, f)[i]) for f in Traffic._fields))
     cost = float(c["cost"][i])
     return {
         "split_k": int(c["splits"][i]),
@@ -936,16 +936,23 @@ def stage_smem(cfg: KernelConfig, stages: int) -> int:
     measured on the H200 (bf16, medians of three passes, us), m128n256 B pairs with 4 stages and
     2 of the 4 boxes staged at a time ran 8192^3 in 1659 against 1617 with 3 stages and all 4,
     4096x32768x512 in 250 against 247, 4096x24576x1536 in 493 against 486."""
-    lay = layout_of(cfg)  # (the stages and the staging of any stage count's layout are alike)
+    return _stage_smem(layout_of(cfg), stages)
+
+
+def _stage_smem(lay: KernelLayout, stages: int) -> int:
+    """`stage_smem` of the config of `lay`: the stages and the staging of any stage count's
+    layout are alike."""
+    cfg = lay.config
     if pipeline_bytes(lay.stage_bytes, MIN_STAGES, cfg.num_consumers) + lay.out_bytes_whole <= SMEM_CAPACITY:
         return pipeline_bytes(lay.stage_bytes, stages, cfg.num_consumers) + lay.out_bytes_whole
-    return layout_of(with_fields(cfg, num_stages=stages)).smem_bytes
+    return layout_of(cfg.derived(num_stages=stages)).smem_bytes
 
 
 def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int]:
     """(`cfg` with as many pipeline stages as fit shared memory (capped; at least 2; see
     `stage_smem`), the count that fits (0 when not even 2 do))."""
-    return rules.with_stages(cfg, device, stage_smem)
+    lay = layout_of(cfg)  # (one layout for every stage count tried)
+    return rules.with_stages(cfg, device, lambda _, stages: _stage_smem(lay, stages))
 
 
 def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
@@ -980,7 +987,7 @@ def with_tail(cfg: KernelConfig, device: DeviceSpec) -> KernelConfig | None:
     (A pairs 52.4-53.3) against 58.4-62.2 padded; but on the three-wave 4096x2112x7168 128x176
     A pairs ran 194 with a tail against 173 padded and 128x208 294 against 191 for 128x192, and
     at M = 128 the tailed m64n96 split 3 ran 18.1 and m64n80 split 2 20.7 against 14.5."""
-    tail = with_fields(cfg, b_tail=True, split_k=1)
+    tail = cfg.derived(b_tail=True, split_k=1)
     return None if structural_problems(tail) else with_stages(tail, device)[0]
 
 
@@ -1040,31 +1047,47 @@ class _Layouts(NamedTuple):
         return self.per_row[4]
 
 
+@functools.cache
+def _tile_layouts() -> tuple[tuple, tuple]:
+    """(descriptions, tile fields) of every tile layout, in the rules' order: the same for every
+    kind of problem."""
+    tiles = [
+        dict(
+            block_m=block_m,
+            block_n=block_n,
+            num_consumers=num_consumers_for(block_m),
+            cluster_size=cluster,
+            multicast=multicast,
+        )
+        for cluster, multicast in CLUSTERS
+        for block_m in BLOCK_MS
+        for block_n in BLOCK_NS
+    ]
+    descriptions = (describe_layout(t["block_m"], t["block_n"], t["cluster_size"], t["multicast"]) for t in tiles)
+    return tuple(descriptions), tuple(tiles)
+
+
 @functools.lru_cache(maxsize=64)
 def _layouts(device: DeviceSpec, *kind) -> _Layouts:
     """The layouts of one kind of problem (dtype, out_dtype, a_major, b_major, has_c)."""
     like = Problem(1, 1, 1, *kind)  # a problem of that kind: the rules below read no shape
-    descriptions, fields, pre, post, staged = [], [], [], [], []
-    for cluster, multicast in CLUSTERS:
-        for block_m in BLOCK_MS:
-            for block_n in BLOCK_NS:
-                tile = dict(
-                    block_m=block_m,
-                    block_n=block_n,
-                    num_consumers=num_consumers_for(block_m),
-                    cluster_size=cluster,
-                    multicast=multicast,
-                )
-                descriptions.append(describe_layout(block_m, block_n, cluster, multicast))
-                fields.append(tile)
-                rule = _pre_rule(like, device, block_m, block_n, cluster)
-                pre.append(rule)
-                later = None
-                if rule is None:
-                    rejected: list = []
-                    staged.extend(screen(like, device, [("", None, tile)], structural_problems, rejected, stage_smem))
-                    later = rejected[0].rule if rejected else None
-                post.append(later)
+    descriptions, fields = _tile_layouts()
+    base = base_config(like, device)  # validated once: each tile's config derives from it
+    pre, post, staged = [], [], []
+    for tile in fields:
+        rule = _pre_rule(like, device, tile["block_m"], tile["block_n"], tile["cluster_size"])
+        pre.append(rule)
+        later = None
+        if rule is None:
+            # `search.screen`'s rules, in its order: structure, then the pipeline depth
+            cfg = base.derived(**tile)
+            later = "; ".join(structural_problems(cfg)) or None
+            if later is None:
+                cfg, stages = with_stages(cfg, device)
+                later = stage_rule(cfg.block_m, cfg.block_n, stages)
+            if later is None:
+                staged.append(cfg)
+        post.append(later)
     row = np.full(len(fields), -1)
     row[[i for i, (p, q) in enumerate(zip(pre, post)) if p is None and q is None]] = np.arange(len(staged))
     tails = [with_tail(cfg, device) for cfg in staged]

@@ -109,6 +109,19 @@ class KernelConfig:
             out.append(f"raster must be 'm' or 'n', got {self.raster!r}")
         return out
 
+    def derived(self, **changes) -> KernelConfig:
+        """This config with `changes`, not validated again: for the configs the heuristics
+        derive from a validated one with values of their own tables (tile sizes, stage counts
+        the rules solved for, a B tail), hundreds of them in a first selection. Whatever they
+        choose is completed through the validating constructor; anything a user supplies must
+        go through it too (`KernelConfig(...)`, `dataclasses.replace`)."""
+        if not changes.keys() <= _FIELD_TYPES.keys():
+            raise TypeError(f"unknown KernelConfig fields {sorted(changes.keys() - _FIELD_TYPES.keys())}")
+        out = object.__new__(KernelConfig)
+        out.__dict__.update(vars(self))  # (the field order stays: `problems` compares it)
+        out.__dict__.update(changes)
+        return out
+
     # --- serialisation: used by the cache meta file, the CLI and the override variable ---
     def to_dict(self) -> dict:
         return {name: getattr(self, name) for name in _FIELD_NAMES}

@@ -1427,3 +1427,18 @@ def test_swapped_tiles_are_costed_as_the_transposed_problem_and_chosen_where_che
     ):
         other = Problem(m, n, 4096, "bf16", out_dtype, "K", "K", has_c)
         assert not sm90.swap_possible(other) and not select(other, H200).swap_ab
+
+
+def test_derived_config_equals_the_validated_one_and_refuses_unknown_fields():
+    """KernelConfig.derived (the heuristics' configs of their own tables) skips validation only:
+    the same value, hash and field order as the validating constructor's; an unknown field is
+    an error, and what select returns is a config the constructor accepts."""
+    base = KernelConfig(b_major="K")
+    derived = base.derived(block_m=64, block_n=208, num_consumers=1, num_stages=7)
+    validated = KernelConfig(**{**base.to_dict(), "block_m": 64, "block_n": 208, "num_consumers": 1, "num_stages": 7})
+    assert derived == validated and hash(derived) == hash(validated)
+    assert list(vars(derived)) == list(vars(validated)) and not derived.problems()
+    with pytest.raises(TypeError, match="block_q"):
+        base.derived(block_q=1)
+    chosen = heuristics.select(Problem(2047, 4096, 4096, dtype="bf16", a_major="K", b_major="K"), H200)
+    assert KernelConfig(**chosen.to_dict()) == chosen
