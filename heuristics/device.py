@@ -218,7 +218,7 @@ class DeviceSpec:
     @property
     def smem_capacity(self) -> int:
         """Dynamic shared memory one CTA may request (bytes): what the arch's layouts are sized against."""
-        return registry.get(self.arch).smem_capacity
+        return _smem_capacity(self.arch)
 
     @property
     def kind(self) -> str:
@@ -240,3 +240,9 @@ class DeviceSpec:
         found, own = calibration_for(self.arch, self.num_sms)
         text = found.describe()
         return text if own else f"{text}, the {self.arch} default: no calibration file for {self.kind}"
+
+
+@functools.cache
+def _smem_capacity(arch: str) -> int:
+    """`DeviceSpec.smem_capacity` (memoised: a first selection asks a few hundred times)."""
+    return registry.get(arch).smem_capacity

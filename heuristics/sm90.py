@@ -38,8 +38,8 @@ every cost grows with M in a grain), gives that choice without costing from its 
 on (the second pays for the proof).
 """
 
-from __future__ import annotations
-
+# (No `from __future__ import annotations`: typing.NamedTuple compiles every string annotation,
+# milliseconds of the first select's import for the tables below; later names are quoted.)
 import functools
 from typing import Any, NamedTuple
 
@@ -47,6 +47,7 @@ import numpy as np
 
 from jitgemm import geometry
 from jitgemm.archs.sm90.layout import (
+    BARRIER_BYTES,
     SMEM_CAPACITY,
     WGMMA_M,
     KernelLayout,
@@ -369,14 +370,30 @@ class Tiles:
         self.__dict__.update(zip(self.INTS + self.TIMES, (*ints, *times)))
 
     @classmethod
-    def of(cls, configs) -> Tiles:
-        rows = [(cfg, layout_of(cfg)) for cfg in configs]
-        ints = np.array([_ints(i, cfg, lay) for i, (cfg, lay) in enumerate(rows)], dtype=np.int64)
-        times = np.array([_times(cfg, lay) for cfg, lay in rows], dtype=np.float64)
-        shape = (len(rows), len(cls.INTS)), (len(rows), len(cls.TIMES))
-        return cls(tuple(configs), ints.reshape(shape[0]).T.copy(), times.reshape(shape[1]).T.copy())
+    def of(cls, configs, laid=None) -> "Tiles":
+        """The candidates `configs`. `laid`: per config, (a layout of its tile at any stage count,
+        the shared memory of its own), where the caller has them (`_staged`); else its layout's."""
+        if laid is None:
+            laid = [(lay, lay.smem_bytes) for lay in map(layout_of, configs)]
+        rows = np.array([_row(cfg, lay, smem) for cfg, (lay, smem) in zip(configs, laid)], dtype=np.int64)
+        split_k, block_m, block_n, block_k, b_box, multicast, a_piece, b_piece, *rest = rows.reshape(len(configs), -1).T
+        stages, cluster, acc, smem, stage_bytes, b_tail, out_elem, has_c = rest
+        shares_a, shares_b = multicast == MULTICASTS.index("A"), multicast == MULTICASTS.index("B")
+        flops = tile_flops(block_m, block_n, block_k)
+        ints = (np.arange(len(configs)), split_k, block_m, block_n, b_box, shares_a, shares_b, a_piece, b_piece)
+        ints += (stages, cluster, multicast, acc, smem, flops)
+        # Shared memory, as DeepGEMM counts it: TMA writes of the stage (MN-major pieces padded
+        # to the swizzle width) plus one wgmma read of each operand tile; a B tail takes a
+        # second wgmma per atom, which reads the A tile again.
+        smem_clk = (stage_bytes + ((1 + b_tail) * block_m + block_n) * K_BLOCK_BYTES) / RATES.smem_bytes_per_clk
+        latency_clk = tma_latency_clk(RATES, stages)
+        out_bytes = block_m * block_n * out_elem
+        epilogue = [epilogue_clk(RATES, out_bytes, c, EPILOGUE_FIXED_CLK, C_LOAD_LATENCY_CLK) for c in (False, True)]
+        times = (smem_clk, latency_clk, dram_latency_clk(RATES, stages), np.where(has_c, epilogue[1], epilogue[0]))
+        times += (np.maximum(smem_clk, latency_clk), cluster / K_BLOCK_BYTES)
+        return cls(tuple(configs), np.array(ints, dtype=np.int64), np.array(times, dtype=np.float64))
 
-    def take(self, rows: np.ndarray, split_k: np.ndarray | None = None) -> Tiles:
+    def take(self, rows: np.ndarray, split_k: np.ndarray | None = None) -> "Tiles":
         """These rows (an index array), with split_k replaced when given."""
         ints = self.ints.take(rows, axis=1)
         if split_k is not None:
@@ -392,42 +409,25 @@ class Tiles:
         return cfg if cfg.split_k == self.split_k[i] else with_fields(cfg, split_k=int(self.split_k[i]))
 
 
-def _ints(origin: int, cfg: KernelConfig, lay: KernelLayout) -> tuple:
-    """The int columns of `Tiles` of one config."""
+def _row(cfg: KernelConfig, lay: KernelLayout, smem_bytes: int) -> tuple:
+    """What `Tiles.of` reads of one config, its layout `lay` and its shared memory `smem_bytes`."""
     return (
-        origin,
         cfg.split_k,
         cfg.block_m,
         cfg.block_n,
+        cfg.block_k,
         _b_box(cfg, lay),
-        cfg.multicast == "A",
-        cfg.multicast == "B",
+        MULTICASTS.index(cfg.multicast),
         lay.a.piece_extent,
         lay.b.piece_extent,
         cfg.num_stages,
         cfg.cluster_size,
-        MULTICASTS.index(cfg.multicast),
         lay.acc_regs,
-        lay.smem_bytes,
-        tile_flops(cfg.block_m, cfg.block_n, cfg.block_k),
-    )
-
-
-def _times(cfg: KernelConfig, lay: KernelLayout) -> tuple:
-    """The time columns of `Tiles` of one config. Shared memory, as DeepGEMM counts it: TMA
-    writes of the stage (MN-major pieces padded to the swizzle width) plus one wgmma read of
-    each operand tile; a B tail takes a second wgmma per atom, which reads the A tile again."""
-    a_reads = 2 if cfg.b_tail else 1
-    smem = lay.a.tile_bytes + lay.b.tile_bytes + (a_reads * cfg.block_m + cfg.block_n) * K_BLOCK_BYTES
-    out_bytes = cfg.block_m * cfg.block_n * DTYPE_BYTES[cfg.out_dtype]
-    smem_clk, latency_clk = smem / RATES.smem_bytes_per_clk, tma_latency_clk(RATES, cfg.num_stages)
-    return (
-        smem_clk,
-        latency_clk,
-        dram_latency_clk(RATES, cfg.num_stages),
-        epilogue_clk(RATES, out_bytes, cfg.has_c, EPILOGUE_FIXED_CLK, C_LOAD_LATENCY_CLK),
-        max(smem_clk, latency_clk),
-        cfg.cluster_size / K_BLOCK_BYTES,
+        smem_bytes,
+        lay.stage_bytes,  # (the operand tiles' shared memory)
+        cfg.b_tail,
+        DTYPE_BYTES[cfg.out_dtype],
+        cfg.has_c,
     )
 
 
@@ -462,7 +462,7 @@ class _Tiling(NamedTuple):
     wave_slots: np.ndarray | None = None  # CTAs of a wave of clusters (`_slots`)
     wide: np.ndarray | None = None  # `_wide_wave_tiles` of each layout
 
-    def take(self, rows: np.ndarray) -> _Tiling:
+    def take(self, rows: np.ndarray) -> "_Tiling":
         """These rows (an index array)."""
         if self.lands is None:  # (not counted)
             num_m, num_n, tiles, units = np.array((self.num_m, self.num_n, self.tiles, self.units)).take(rows, axis=1)
@@ -792,7 +792,7 @@ def _requests_per_line(major: str, extent: int, mn_major: str) -> int:
     return max(1, 8 // -(-min(extent, 64) // 8))
 
 
-def _shared_line_clk(problem: Problem | _Shape, active, a_groups, b_groups) -> np.ndarray:
+def _shared_line_clk(problem: "Problem | _Shape", active, a_groups, b_groups) -> np.ndarray:
     """Per k-block (rows as `active`'s: a full wave, the last), the requests the busiest line
     of an operand tile serves: the CTAs reading the tile at once (the active CTAs over the m
     blocks for A, the n blocks for B, at least 1; a multicast pair's CTAs request once: over
@@ -951,8 +951,23 @@ def _stage_smem(lay: KernelLayout, stages: int) -> int:
 def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int]:
     """(`cfg` with as many pipeline stages as fit shared memory (capped; at least 2; see
     `stage_smem`), the count that fits (0 when not even 2 do))."""
+    return _staged(cfg, device)[:2]
+
+
+def _staged(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int, KernelLayout, int]:
+    """`with_stages`, then a layout of `cfg` (at any stage count: they differ only in their
+    shared memory) and the shared memory of the staged config (`stage_smem`)."""
     lay = layout_of(cfg)  # (one layout for every stage count tried)
-    return rules.with_stages(cfg, device, lambda _, stages: _stage_smem(lay, stages))
+    capacity, whole = device.smem_capacity, lay.out_bytes_whole
+    if pipeline_bytes(lay.stage_bytes, MIN_STAGES, cfg.num_consumers) + whole <= SMEM_CAPACITY:
+        # `_stage_smem` grows by one stage and its two barriers a stage: solved as `max_stages` does
+        per_stage = lay.stage_bytes + 2 * BARRIER_BYTES
+        stages = (capacity - pipeline_bytes(lay.stage_bytes, 0, cfg.num_consumers) - whole) // per_stage
+        stages = 0 if stages < 2 else min(stages, rules.MAX_STAGES)
+    else:
+        stages = rules.max_stages(cfg, capacity, smem_of=lambda _, stages: _stage_smem(lay, stages))
+    staged = cfg.derived(num_stages=max(2, stages))  # (at most MAX_STAGES)
+    return staged, stages, lay, _stage_smem(lay, staged.num_stages)
 
 
 def with_raster(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
@@ -987,8 +1002,14 @@ def with_tail(cfg: KernelConfig, device: DeviceSpec) -> KernelConfig | None:
     (A pairs 52.4-53.3) against 58.4-62.2 padded; but on the three-wave 4096x2112x7168 128x176
     A pairs ran 194 with a tail against 173 padded and 128x208 294 against 191 for 128x192, and
     at M = 128 the tailed m64n96 split 3 ran 18.1 and m64n80 split 2 20.7 against 14.5."""
+    staged = _staged_tail(cfg, device)
+    return None if staged is None else staged[0]
+
+
+def _staged_tail(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int, KernelLayout, int] | None:
+    """`_staged` of `cfg`'s B-tail variant (see `with_tail`), or None where it has no tail."""
     tail = cfg.derived(b_tail=True, split_k=1)
-    return None if structural_problems(tail) else with_stages(tail, device)[0]
+    return None if structural_problems(tail) else _staged(tail, device)
 
 
 class _Layouts(NamedTuple):
@@ -1073,7 +1094,7 @@ def _layouts(device: DeviceSpec, *kind) -> _Layouts:
     like = Problem(1, 1, 1, *kind)  # a problem of that kind: the rules below read no shape
     descriptions, fields = _tile_layouts()
     base = base_config(like, device)  # validated once: each tile's config derives from it
-    pre, post, staged = [], [], []
+    pre, post, staged, laid = [], [], [], []  # laid: (layout, shared memory) of each staged config
     for tile in fields:
         rule = _pre_rule(like, device, tile["block_m"], tile["block_n"], tile["cluster_size"])
         pre.append(rule)
@@ -1083,16 +1104,17 @@ def _layouts(device: DeviceSpec, *kind) -> _Layouts:
             cfg = base.derived(**tile)
             later = "; ".join(structural_problems(cfg)) or None
             if later is None:
-                cfg, stages = with_stages(cfg, device)
+                cfg, stages, lay, smem = _staged(cfg, device)
                 later = stage_rule(cfg.block_m, cfg.block_n, stages)
             if later is None:
                 staged.append(cfg)
+                laid.append((lay, smem))
         post.append(later)
     row = np.full(len(fields), -1)
     row[[i for i, (p, q) in enumerate(zip(pre, post)) if p is None and q is None]] = np.arange(len(staged))
-    tails = [with_tail(cfg, device) for cfg in staged]
-    tail_of = np.array([i for i, tail in enumerate(tails) if tail is not None], dtype=int)
-    tiles = Tiles.of(staged + [tails[i] for i in tail_of])
+    tails = [(i, tail) for i, cfg in enumerate(staged) if (tail := _staged_tail(cfg, device)) is not None]
+    tail_of = np.array([i for i, _ in tails], dtype=int)
+    tiles = Tiles.of(staged + [tail[0] for _, tail in tails], laid + [tail[2:] for _, tail in tails])
     split_slots = _split_slots(device, tiles.cluster_size, tiles.acc_regs)
     a_pieces = tiles.a_piece if like.a_major == "M" else np.zeros(len(tiles), dtype=int)
     keys = list(zip(tiles.block_m.tolist(), tiles.multicast.tolist(), a_pieces.tolist()))
@@ -1166,7 +1188,7 @@ def _by_n(device: DeviceSpec, kind: tuple, n: int) -> _ByN:
 _BY_M = 7  # the rows of `_by_m`'s table
 
 
-def _by_m(problem: Problem | _Shape, lay: _Layouts) -> np.ndarray:
+def _by_m(problem: "Problem | _Shape", lay: _Layouts) -> np.ndarray:
     """Per row of `lay.tiles`, one row each: m blocks, cluster units along M (twice, to multiply
     by `_ByN.counts`: see `_rows`), whether the single-wave rule's exception applies (1 for an
     unpaired tile: the rule does not), whether a pair sharing B has two m blocks to share (1
@@ -1190,7 +1212,7 @@ def _by_m(problem: Problem | _Shape, lay: _Layouts) -> np.ndarray:
     return np.array(ints).take(lay.by_m_index)
 
 
-def _a_side(problem: Problem | _Shape, lay: _Layouts) -> tuple[list, list]:
+def _a_side(problem: "Problem | _Shape", lay: _Layouts) -> tuple[list, list]:
     """(the rows of A one column of cluster units reads (see `_traffic`); the rows of A
     streamed from DRAM, weighted by the DRAM efficiency of their runs), of each class of
     `lay.classes`."""
@@ -1262,7 +1284,7 @@ class _Rows(NamedTuple):
         return til.wide[rows] & (til.tiles[rows] <= lay.wave_slots[rows])
 
 
-def _rows(problem: Problem | _Shape, device: DeviceSpec, moves: bool = True) -> _Rows:
+def _rows(problem: "Problem | _Shape", device: DeviceSpec, moves: bool = True) -> _Rows:
     """The tiling of `problem` by every layout of its kind, and what the rules read of each;
     without `moves`, the tiling's counts of the rows and columns moved (`_Tiling.l2_reads`,
     `lands`, `dram_rows`, which M enters at every row) are left out (None)."""
@@ -1331,7 +1353,7 @@ def _search(problem: Problem, device: DeviceSpec, report: bool = False, rows: _R
     return _Search(lay, candidates, costed, first, count)
 
 
-def _best(problem: Problem, device: DeviceSpec) -> tuple[_Skeleton, int, dict | None]:
+def _best(problem: Problem, device: DeviceSpec) -> "tuple[_Skeleton, int, dict | None]":
     """(the `_skeleton` of the problem's kind, N, K and M grain, the index of its candidate that
     `_order` ranks first, the candidates' `_grain_costs`); or, from the second problem of a span
     of M on (`_span`), the span's own choice where the bounds prove one (`_span_choice`), and
@@ -1367,7 +1389,7 @@ def _span(m: int) -> tuple[int, int]:
     return last - rows + 1, last
 
 
-def _grain_costs(problem, s: _Skeleton) -> dict:
+def _grain_costs(problem, s: "_Skeleton") -> dict:
     """`costs` of the candidates of `s` for `problem` (a Problem or a `_Shape` of its grain),
     those the rules remove at infinity."""
     a_rows, a_dram = _a_side(problem, s.layouts)
@@ -1380,7 +1402,7 @@ def _grain_costs(problem, s: _Skeleton) -> dict:
     return _byte_terms(problem, s.candidates, s.waves, moved, floor)
 
 
-def _span_choice(problem: Problem, s: _Skeleton, span: tuple[int, int]) -> int:
+def _span_choice(problem: Problem, s: "_Skeleton", span: tuple[int, int]) -> int:
     """The candidate of `s` that every problem of the span of M (least, largest) chooses, where
     the bounds prove one (else -1): in a span every candidate's cost grows with M (the
     skeleton is the same, every row and column counted grows with M or stays, and so does
