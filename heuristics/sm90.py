@@ -1298,16 +1298,18 @@ def _rows(problem: "Problem | _Shape", device: DeviceSpec, moves: bool = True) -
     # units, and the columns of B read out of L2 (all CTAs together), at once.
     made = m_side[:3] * by_n.counts[:3]
     tiles, units, b_reads = made
+    num_m, _, _, exempt, can_share, wide, _ = m_side
+    num_n, grid_n, _, _ = by_n.counts
     l2_reads = lands = dram_rows = None
     if moves:
         a_rows, a_dram = _a_side(problem, lay)
-        a_reads = by_n.counts[1] * np.array(a_rows).take(lay.class_of)
+        a_reads = grid_n * np.array(a_rows).take(lay.class_of)
         l2_reads = a_reads + b_reads
         lands = a_reads * lay.pair_n + b_reads * lay.pair_m  # a shared tile lands in both CTAs of its pair
         dram_rows = np.array(a_dram).take(lay.class_of) + by_n.b_dram
     til = _Tiling(
-        m_side[0],
-        by_n.counts[0],
+        num_m,
+        num_n,
         tiles,
         units,
         l2_reads,
@@ -1316,10 +1318,10 @@ def _rows(problem: "Problem | _Shape", device: DeviceSpec, moves: bool = True) -
         dram_rows,
         lay.slots,
         lay.wave_slots,
-        m_side[5] if _shared_wave_possible(problem) else None,
+        wide if _shared_wave_possible(problem) else None,
     )
     k_blocks = ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype])
-    return _Rows(lay, til, k_blocks, m_side[3], m_side[4] & by_n.can_share, m_side, by_n, made)
+    return _Rows(lay, til, k_blocks, exempt, can_share & by_n.can_share, m_side, by_n, made)
 
 
 class _Search(NamedTuple):
@@ -1478,18 +1480,21 @@ def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int, pl
         return None
     m_side, n_side, made = (a if rows is None else a.take(rows, axis=1) for a in (r.m_side, r.by_n.counts, r.made))
     slots, wave_slots, pair_n, pair_m, class_of = lay.per_row if rows is None else lay.per_row.take(rows, axis=1)
-    wide = None if r.tiling.wide is None else m_side[5]
-    til = _Tiling(m_side[0], n_side[0], made[0], made[1], None, None, None, None, slots, wave_slots, wide)
+    num_m, _, _, _, _, wide, a_groups = m_side
+    num_n, grid_n, _, b_groups = n_side
+    tiles, units, b_reads = made
+    if r.tiling.wide is None:
+        wide = None
+    til = _Tiling(num_m, num_n, tiles, units, None, None, None, None, slots, wave_slots, wide)
     w = _wave_terms(device, t, til, r.k_blocks, wide is not None, False, splits, rounds, legal)
     # M enters the shared-line term through its m block counts and, for an M-major A of one
     # grain, ceil(M / 8) (`_requests_per_line`): the same for every M of any other grain.
-    floor, groups = None, (m_side[6], n_side[3])
+    floor, groups = None, (a_groups, b_groups)
     if m_grains > 1 or kind[2] == "K":
         floor, groups = np.maximum(w.fixed, _shared_line_clk(like, w.active, *groups)), None
     a_moves = np.ones((3, len(class_of)))
-    a_moves[1] = n_side[1]
+    a_moves[1] = grid_n
     a_moves[0] = a_moves[1] * pair_n
-    b_reads = made[2]
     b_moved = np.array((b_reads * pair_m, b_reads, r.by_n.b_dram if rows is None else r.by_n.b_dram[rows]), dtype=float)
     return _Skeleton(lay, t, w, class_of, a_moves, b_moved, floor, groups, {})
 
