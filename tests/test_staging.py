@@ -72,6 +72,13 @@ def test_the_kernel_takes_the_packed_copies_and_does_not_spill(arch):
     assert "STG.E.128" in report.sass and "LDG.E.128" in report.sass
 
 
+def test_the_host_sizes_the_grid_with_the_kernels_constants():
+    """The grid (`operand_blocks`) assumes the kernel's block size and units per thread and step."""
+    source = (TEMPLATES / "common/stage_operands.cuh").read_text()
+    assert f"constexpr unsigned ITEMS = {staging.ITEMS};" in source
+    assert f"__launch_bounds__({staging.THREADS})" in source
+
+
 def test_the_launch_packs_one_parameter_with_each_operands_grid():
     from jitgemm import runtime
 
