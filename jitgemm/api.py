@@ -7,13 +7,14 @@ import dataclasses
 import functools
 import math
 import numbers
+import os
 import threading
 import warnings
 
 import numpy as np
 from cuda.bindings import driver
 
-from . import context, kernels, launch, plan, registry, runtime, staging
+from . import context, decode, kernels, launch, plan, registry, runtime, staging
 from .arrays import (
     GENERIC,
     HOST,
@@ -30,6 +31,7 @@ from .arrays import (
     stream_wait,
 )
 from .config import KernelConfig
+from .heuristics import ENV_VAR as CONFIG_ENV_VAR
 from .heuristics import DeviceSpec
 from .problem import DTYPE_BYTES, MAX_OUTPUT_ELEMENTS, Problem
 
@@ -281,7 +283,7 @@ class _Kernel:
         that operand is staged (its map then reads the workspace), else None."""
         stage = None
         if staged != (None, None):
-            stage = staging.StageLaunch(staging.kernel(self.cfg.arch, self.dev), staged, self.stream)
+            stage = staging.StageLaunch(staging.KERNEL.get(self.cfg.arch, self.dev), staged, self.stream)
         # a staged operand's maps read its rows in the workspace
         a_rows, b_rows = (view if op is None else op.kernel_view(view) for view, op in zip((va, vb), staged))
         maps = self.arch.tensor_maps(self.problem, self.lay, a_rows, b_rows, vd, vc)
@@ -362,15 +364,11 @@ class _Plan:
         odt: str,
         views: tuple,
         uses_c: bool,
-        out_direct: bool,
-        staged: tuple = (None, None),
+        aligns: tuple,
     ):
+        """`aligns`: the address bits a, b, and out and c, must have clear (see `_aligns`)."""
         va, vb, vo, vc = views  # vo and vc as the caller passed them (None when not given)
-        # Address bits a and b must have clear: TMA's 16 bytes, or (staged) their elements'.
-        self.a_align, self.b_align = (_MISALIGNED if op is None else v.itemsize - 1 for v, op in zip(views, staged))
-        # Address bits out and c must have clear: TMA's 16 bytes, or (out_direct) their
-        # elements' alignment.
-        self.out_align = DTYPE_BYTES[odt] - 1 if out_direct else _MISALIGNED
+        self.a_align, self.b_align, self.out_align = aligns
         self.lib, self.call, self.lock = lib, call, threading.Lock()
         self.dev, self.stream, self.out_shape, self.odt = dev, stream, out_shape, odt
         self.out_given, self.c_given, self.uses_c = vo is not None, vc is not None, uses_c
@@ -425,6 +423,14 @@ _plans: dict = {}
 _plans_lock = threading.Lock()
 
 
+def _aligns(views: tuple, staged: tuple, out_direct: bool, odt: str) -> tuple:
+    """The address bits a `_Plan` needs clear in a, b, and out and c: TMA's 16 bytes, or
+    their elements' alignment where the kernel does not read them by TMA (an operand the
+    staging kernel copies, an out and c written and read directly)."""
+    a_align, b_align = (_MISALIGNED if op is None else v.itemsize - 1 for v, op in zip(views, staged))
+    return a_align, b_align, DTYPE_BYTES[odt] - 1 if out_direct else _MISALIGNED
+
+
 def _remember(key, plan: _Plan) -> None:
     with _plans_lock:
         if key not in _plans and len(_plans) >= PLAN_CACHE_SIZE:
@@ -449,7 +455,9 @@ def gemm(
         strides: row-major arrays and transposed views (``x.T``) are read in place when TMA
         allows it (16-byte aligned base address and leading stride, unit inner stride, rows of
         whole 16-byte units); other layouts are copied into an aligned buffer, with a one-time
-        :class:`FallbackCopyWarning` naming the argument. Zero (broadcast) and negative strides
+        :class:`FallbackCopyWarning` naming the argument, except a `b` whose rows along N have
+        unit stride when `a` has one or two rows: a decode kernel then reads `b` in place
+        (unless `config` or ``JITGEMM_CONFIG`` forces the GEMM). Zero (broadcast) and negative strides
         raise ValueError. An N-D `a` (..., K), such as activations (batch, seq, hidden) as
         ``F.linear`` takes them, is computed as one (M, K) matrix of M = prod(...) rows: read in
         place when its leading dimensions step through memory with one stride (a row-major
@@ -673,6 +681,7 @@ class _Decision:
 
     __slots__ = (
         "problem",
+        "decode",
         "cfg",
         "a_major",
         "a_copy",
@@ -684,6 +693,7 @@ class _Decision:
         "out_ready",
         "c_ready",
     )
+    cfg: KernelConfig
 
     def __init__(
         self,
@@ -701,10 +711,19 @@ class _Decision:
         staged: bool = False,
     ):
         """`vo` None: the result is allocated (row-major, N columns). `staged`: host arrays,
-        uploaded into aligned buffers (every output TMA-ready)."""
+        uploaded into aligned buffers (every output TMA-ready). `decode`: the decode kernel
+        runs the call (decode.py: a few rows of a against a b TMA cannot read, the kernel
+        configuration not forced), and `cfg` is unset until `gemm_instead`."""
         self.a_major, self.a_copy = _operand_major(va)
         self.b_major, self.b_copy = _operand_major(vb)
         self.has_c = vc is not None and beta != 0.0
+        self.decode = (
+            config is None
+            and not os.environ.get(CONFIG_ENV_VAR, "").strip()
+            and decode.reads_in_place(va, vb, self.b_major, self.b_copy)
+            and decode.writes_in_place(vo)
+            and (not self.has_c or decode.writes_in_place(vc))
+        )
         # The output rows TMA cannot address but a kernel can store to in place (odd N, a
         # misaligned view): out_direct kernels do, others go through aligned copies.
         out_ready = _output_ready(vo) if vo is not None else n * DTYPE_BYTES[odt] % TMA_ALIGN == 0
@@ -723,9 +742,18 @@ class _Decision:
             aligned_out=staged or not (d_unaligned or c_unaligned),
         )
         self.out_ready, self.c_ready = out_ready, c_ready
+        if not self.decode:  # (cfg is set by `_choose`)
+            self._choose(vo, vc, dev, config)
+
+    def _choose(self, vo: View | None, vc: View | None, dev: int, config: KernelConfig | None) -> None:
         self.cfg = cfg = _config_for(self.problem, dev, config)
-        self.d_in_place = out_ready or (cfg.out_direct and _row_major(vo))
-        self.c_copy = self.has_c and not (c_ready or (cfg.out_direct and _row_major(vc)))
+        self.d_in_place = self.out_ready or (cfg.out_direct and _row_major(vo))
+        self.c_copy = self.has_c and not (self.c_ready or (cfg.out_direct and _row_major(vc)))
+
+    def gemm_instead(self, vo: View, vc: View | None, dev: int) -> None:
+        """The GEMM (its operands staged) where the decode kernel cannot be had now."""
+        self.decode = False
+        self._choose(vo, vc, dev, None)
 
     def copy_outputs_instead(self) -> bool:
         """Run the config's TMA-epilogue twin, the output (and C) through aligned copies, where
@@ -770,6 +798,16 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decisi
         return result()
 
     d = decision
+    if d.decode:
+        call = _decode_launch(d, va, vb, vo, vc, alpha, beta, dev, handle)
+        if call is not None:
+            call()
+            if plan_key is not None and lib.fast and all(v.lib is lib for v in (va, vb, vc, vo) if v is not None):
+                operands = (va, vb, vo if out_given else None, vc)
+                aligns = (va.itemsize - 1, vb.itemsize - 1, DTYPE_BYTES[odt] - 1)
+                _remember(plan_key, _Plan(lib, call, dev, handle, out_shape, odt, operands, d.has_c, aligns))
+            return result()
+        d.gemm_instead(vo if out_given else None, vc, dev)
     try:
         kern = _Kernel(d.problem, d.cfg, dev, handle)
     except (launch.CaptureError, kernels.OfflineError):
@@ -817,8 +855,23 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decisi
         and all(v.lib is lib for v in (va, vb, vc, vo) if v is not None)
     ):
         operands = (va, vb, vo if out_given else None, vc)
-        _remember(plan_key, _Plan(lib, call, dev, handle, out_shape, odt, operands, d.has_c, d.cfg.out_direct, staged))
+        aligns = _aligns(operands, staged, d.cfg.out_direct, odt)
+        _remember(plan_key, _Plan(lib, call, dev, handle, out_shape, odt, operands, d.has_c, aligns))
     return result()
+
+
+def _decode_launch(d: _Decision, va: View, vb: View, vd: View, vc: View | None, alpha, beta, dev: int, stream: int):
+    """The decode kernel's launch (decode.py) for these views, or None where the kernel cannot
+    be had now (met first inside a capture, or not in the disk cache under JITGEMM_OFFLINE=1)."""
+    arch = device_spec(dev).arch
+    if not decode.KERNEL.is_loaded(arch, dev) and launch.stream_is_capturing(stream):
+        return None
+    try:
+        kernel = decode.KERNEL.get(arch, dev)
+    except kernels.OfflineError:
+        return None
+    vc_k = vc if d.has_c else None
+    return decode.DecodeLaunch(kernel, va, vb, vd, vc_k, alpha, beta, device_spec(dev).num_sms, dev, stream)
 
 
 def _staged_operands(d: _Decision, va: View, vb: View, dev: int, stream: int) -> tuple:
@@ -832,10 +885,10 @@ def _staged_operands(d: _Decision, va: View, vb: View, dev: int, stream: int) ->
     if staged == (None, None):
         return staged
     arch = d.cfg.arch
-    if not staging.is_loaded(arch, dev) and launch.stream_is_capturing(stream):
+    if not staging.KERNEL.is_loaded(arch, dev) and launch.stream_is_capturing(stream):
         return None, None
     try:
-        staging.kernel(arch, dev)
+        staging.KERNEL.get(arch, dev)
     except kernels.OfflineError:
         return None, None
     return staged

@@ -35,6 +35,7 @@ from tqdm import tqdm
 from . import (
     __version__,
     compiler,
+    decode,
     dispatch,
     envflags,
     heuristics,
@@ -57,6 +58,7 @@ from .cache import (
     read_entry,
 )
 from .config import ARCHS, KernelConfig, parse_json
+from .fixed_kernels import FixedKernel
 from .heuristics import DeviceSpec
 from .models import MODELS
 from .problem import INPUT_DTYPES, LAYOUTS, MAX_DIM, OUTPUT_DTYPES, Problem
@@ -508,11 +510,18 @@ def _build_one(config: KernelConfig) -> dict:
     }
 
 
-def _build_staging(arch: str) -> dict:
-    """_build_one's record for the operand staging kernel of `arch`."""
+# The kernels of one source that calls beside the GEMMs use: summary key -> (kernel, what it is).
+FIXED_KERNELS = {
+    "staging": (staging.KERNEL, "operand staging kernel"),  # operands TMA cannot read in place
+    "decode": (decode.KERNEL, "decode kernel"),  # a few rows against a weight TMA cannot read
+}
+
+
+def _build_fixed(kernel: FixedKernel, arch: str) -> dict:
+    """_build_one's record for a fixed-source kernel (FIXED_KERNELS) of `arch`."""
     start = time.perf_counter()
     try:
-        result = staging.build(arch)
+        result = kernel.build(arch)
     except Exception as exc:
         return {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
     return {
@@ -650,11 +659,13 @@ def precompile(
     configs_list = list(users)
     if dry_run:
         records = [_lookup_one(cache, c) for c in configs_list]
-        staging_records = {}
+        fixed_records: dict = {name: {} for name in FIXED_KERNELS}
     else:
         records = _build_all(configs_list, jobs or os.cpu_count() or 1)
-        # Calls whose operands TMA cannot read in place stage them with this kernel.
-        staging_records = {arch: _build_staging(arch) for arch in sorted({cfg.arch for cfg in configs_list})}
+        archs = sorted({cfg.arch for cfg in configs_list})
+        fixed_records = {
+            name: {arch: _build_fixed(k, arch) for arch in archs} for name, (k, _) in FIXED_KERNELS.items()
+        }
     wall = time.perf_counter() - start
     for cfg, record in zip(configs_list, records):
         record.update(kernel=kernel_name(cfg), config=cfg.to_dict(), problems=[_problem_dict(p) for p in users[cfg]])
@@ -684,8 +695,9 @@ def precompile(
         "select_errors": [{"error": e, "problems": [_problem_dict(p) for p in ps]} for e, ps in select_errors.items()],
         "compiled": sum(r["status"] == "compiled" for r in records),
         "hits": sum(r["status"] == "hit" for r in records),
-        "failed": sum(r["status"] == "error" for r in [*records, *staging_records.values()]),
-        "staging": staging_records,
+        "failed": sum(r["status"] == "error" for r in records)
+        + sum(r["status"] == "error" for built in fixed_records.values() for r in built.values()),
+        **fixed_records,
         "uncached": sum(r["status"] == "compiled" and not r["cached"] for r in records),
         "models": {name: [list(pair) for pair in MODELS[name].pairs] for name in models},
         "table": table,
@@ -739,10 +751,11 @@ def _print_precompile(summary: dict, device: DeviceSpec | None) -> None:
         click.echo(f"  {status:9} {timing}{key}  {r['kernel']}  {uses}")
         if r["status"] == "error" or r.get("reason"):
             click.echo("      " + (r.get("error") or r["reason"]).replace("\n", "\n      "), err=True)
-    for arch, r in summary.get("staging", {}).items():
-        click.echo(f"  {r['status']:9} operand staging kernel for {arch}")
-        if r["status"] == "error":
-            click.echo("      " + r["error"].replace("\n", "\n      "), err=True)
+    for name, (_, what) in FIXED_KERNELS.items():
+        for arch, r in summary.get(name, {}).items():
+            click.echo(f"  {r['status']:9} {what} for {arch}")
+            if r["status"] == "error":
+                click.echo("      " + r["error"].replace("\n", "\n      "), err=True)
     for e in summary["select_errors"]:
         click.echo(
             f"error: no kernel for {len(e['problems'])} shape(s), e.g. "

@@ -303,7 +303,56 @@ def _address_is_first_word(words: memoryview, maps: list) -> bool:
     return True
 
 
-class KernelLaunch:
+class Launch:
+    """A launch with its parameters packed once, queued on `stream` in the device's primary
+    context: `launch_at(a, b, d, c)` gives it the operands' addresses (`repoint`) and queues
+    it; calling it queues it as it stands. Launches that use the workspace (REGIONS) get
+    their stream's, or their graph's under capture (`with_workspace`)."""
+
+    __slots__ = ("device", "stream", "ctx", "ctx_handle", "cu_stream")
+
+    def __init__(self, device: int, stream: int):
+        self.device, self.stream = device, stream
+        self.ctx = context.primary(device)
+        self.ctx_handle = int(self.ctx)
+        self.cu_stream = driver.CUstream(stream)  # for the capture check and the workspace's lookup
+
+    def repoint(self, a: int, b: int, d: int, c: int) -> None:
+        raise NotImplementedError
+
+    def _dispatch(self) -> None:
+        raise NotImplementedError
+
+    def launch_at(self, a: int, b: int, d: int, c: int) -> None:
+        """`repoint` at these addresses, then launch (in the device's context)."""
+        if context.is_current(self.ctx_handle):  # the usual case, without a context manager's cost
+            self.repoint(a, b, d, c)
+            self._dispatch()
+        else:
+            with context.current(self.ctx):
+                self.repoint(a, b, d, c)
+                self._dispatch()
+
+    def __call__(self) -> None:
+        if context.is_current(self.ctx_handle):
+            self._dispatch()
+        else:
+            with context.current(self.ctx):
+                self._dispatch()
+
+    def with_workspace(self, sizes: tuple, launch_with) -> None:
+        """`launch_with(regions)`: the REGIONS' pointers of a workspace with at least `sizes`
+        bytes in each, the graph's under capture, else the stream's (its lock held until the
+        launches are queued: no other thread may grow or reuse it meanwhile)."""
+        if stream_is_capturing(self.cu_stream):
+            launch_with(_graph_workspaces.ensure(self.device, self.stream, sizes))
+        else:
+            ws = _workspace(self.device, self.cu_stream)
+            with ws.lock:
+                launch_with(ws.ensure(sizes, self.stream))
+
+
+class KernelLaunch(Launch):
     """One kernel launch with its parameters packed once: the tensor maps (`arch.tensor_maps`
     order, copied into the launch's own storage), M, N, K, alpha, beta, and for split-K the
     workspace and tile-counter pointers (filled in at each call: a stream's workspace can grow
@@ -323,10 +372,6 @@ class KernelLaunch:
         "cfg",
         "grid",
         "tiles",
-        "device",
-        "stream",
-        "ctx",
-        "ctx_handle",
         "storage",
         "words",
         "maps",
@@ -345,7 +390,6 @@ class KernelLaunch:
         "sources",
         "staged_maps",
         "staged_bytes",
-        "cu_stream",
         "workspace_sizes",
     )
 
@@ -374,10 +418,9 @@ class KernelLaunch:
         staging.StagedOperand of an operand staged into the workspace by `stage` (its
         staging.StageLaunch) before each launch, or None; `sources`: the staged operands'
         addresses (`repoint` changes them), whose maps point into the workspace instead."""
+        super().__init__(device, stream)
         self.kernel, self.cfg = kernel, cfg
-        self.grid, self.tiles, self.device, self.stream = grid, tiles, device, stream
-        self.ctx = context.primary(device)
-        self.ctx_handle = int(self.ctx)
+        self.grid, self.tiles = grid, tiles
         # The maps, copied into storage of the launch's own (64-byte aligned), so that patching
         # them never changes a descriptor another launch shares (runtime caches them).
         self.storage = ctypes.create_string_buffer(len(maps) * MAP_BYTES + MAP_ALIGN)
@@ -419,7 +462,6 @@ class KernelLaunch:
         self.params = (ctypes.c_void_p * len(args))(*args)
         self.address = ctypes.addressof(self.params)
         self.config = runtime.launch_config(kernel, grid, stream)
-        self.cu_stream = driver.CUstream(stream)  # for the capture check and the workspace's lookup
         self.workspace_sizes = self.workspace_bytes()
 
     def repoint(self, a: int, b: int, d: int, c: int) -> None:
@@ -443,32 +485,11 @@ class KernelLaunch:
             for tmap, role in zip(self.maps, self.roles):
                 _replace_address(tmap, operands[role])
 
-    def launch_at(self, a: int, b: int, d: int, c: int) -> None:
-        """`repoint` the maps at these addresses, then launch (in the device's context)."""
-        if context.is_current(self.ctx_handle):  # the usual case, without a context manager's cost
-            self.repoint(a, b, d, c)
-            self._dispatch()
-        else:
-            with context.current(self.ctx):
-                self.repoint(a, b, d, c)
-                self._dispatch()
-
-    def __call__(self) -> None:
-        if context.is_current(self.ctx_handle):
-            self._dispatch()
-        else:
-            with context.current(self.ctx):
-                self._dispatch()
-
     def _dispatch(self) -> None:
         if self.pointers is None and self.stage is None:
             self._launch()
-        elif stream_is_capturing(self.cu_stream):
-            self._launch_with(_graph_workspaces.ensure(self.device, self.stream, self.workspace_sizes))
         else:
-            ws = _workspace(self.device, self.cu_stream)
-            with ws.lock:  # until the launches are queued: no other thread may grow or restage it
-                self._launch_with(ws.ensure(self.workspace_sizes, self.stream))
+            self.with_workspace(self.workspace_sizes, self._launch_with)
 
     def _launch_with(self, regions: tuple) -> None:
         """Launch with the workspace's `regions` (REGIONS' pointers): the staging first."""

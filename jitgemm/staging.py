@@ -11,14 +11,12 @@ base address that is not element-aligned) are copied by their library as before.
 from __future__ import annotations
 
 import ctypes
-import threading
 from dataclasses import replace
 from typing import NamedTuple
 
-from . import compiler, context, kernels, runtime
+from . import runtime
 from .arrays import TMA_ALIGN, View
-from .cache import CacheResult, cache_key
-from .render import TEMPLATES
+from .fixed_kernels import FixedKernel
 
 KERNEL_NAME = "jitgemm_stage_operands"
 THREADS = 256  # the kernel's __launch_bounds__
@@ -122,47 +120,4 @@ def operand_blocks(units: int) -> int:
     return min(max(full, min(-(-units // THREADS), MIN_BLOCKS)), BLOCKS_PER_OPERAND)
 
 
-_loaded: dict = {}  # (arch, device ordinal) -> LoadedKernel
-_lock = threading.Lock()
-
-
-def is_loaded(arch: str, ordinal: int) -> bool:
-    return (arch, ordinal) in _loaded
-
-
-def kernel(arch: str, ordinal: int) -> runtime.LoadedKernel:
-    """The staging kernel for `arch`, loaded on device `ordinal`: compiled or read from the disk
-    cache once (OfflineError under JITGEMM_OFFLINE=1 when it is not there)."""
-    key = (arch, ordinal)
-    found = _loaded.get(key)
-    if found is not None:
-        return found
-    with _lock:
-        found = _loaded.get(key)
-        if found is None:
-            cubin = build(arch).cubin
-            context.make_current(ordinal)
-            found = _loaded[key] = runtime.load_kernel(cubin, KERNEL_NAME, 0, THREADS, 1, True)
-    return found
-
-
-def build(arch: str) -> CacheResult:
-    """The staging kernel for `arch`, from the disk cache or compiled (needs no GPU; `jitgemm
-    precompile` builds it with the GEMMs)."""
-    source = (TEMPLATES / "common/stage_operands.cuh").read_text()
-    cache, options = kernels.default_cache(), compiler.options_for(arch)
-    # Found with the NVRTC version the cache remembers for this process's library, without
-    # loading NVRTC (kernels.lookup_nvrtc_version); one to compile is keyed with the loaded one's.
-    key = cache_key(source, options, arch, kernels.lookup_nvrtc_version(cache))
-    found = cache.lookup(key)
-    if found.status == "hit":
-        return CacheResult(found.cubin, key, True, 0.0, cache.entry_dir(key))
-    return cache.get_or_compile(
-        source,
-        arch,
-        options,
-        compiler.nvrtc_version(),
-        {"kernel": KERNEL_NAME},
-        lambda path: compiler.compile_cubin(source, arch, name=f"{KERNEL_NAME}.cu", source_path=path and str(path)),
-        offline_hint="  the operand staging kernel: `jitgemm precompile` builds it with the GEMMs",
-    )
+KERNEL = FixedKernel(KERNEL_NAME, ("realign.cuh", "stage_operands.cuh"), THREADS, "the operand staging kernel")

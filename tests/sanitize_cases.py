@@ -78,6 +78,7 @@ CASES = [
     ),
 ]
 UNALIGNED = (301, 203, 77)  # K and N odd: the operands are staged (staging.py), the result (odd N) stored directly
+DECODE = (2, 301, 999)  # 2 rows against a view of b 2 bytes into a unit
 
 
 def run() -> None:
@@ -100,6 +101,17 @@ def run() -> None:
         torch.cuda.synchronize()
         assert_close(out, a, b, "bf16")
     print("ok unaligned", flush=True)
+    # the decode kernel (decode.py): b read in place, its first and last units element by
+    # element, two strips and a K split; twice, so that the second launch reads the counters
+    # the first reset
+    m, n, k = DECODE
+    a, b = random_operand(m, k, "fp16", "row", gen), random_operand(k, n + 5, "fp16", "row", gen)[:, 1 : n + 1]
+    c = random_operand(m, n, "fp32", "row", gen)
+    for _ in range(2):
+        out = jitgemm.gemm(a, b, c=c, beta=0.5, out_dtype="fp32")
+        torch.cuda.synchronize()
+        assert_close(out, a, b, "fp32", c=c, beta=0.5)
+    print("ok decode", flush=True)
 
 
 if __name__ == "__main__":

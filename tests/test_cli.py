@@ -680,9 +680,11 @@ def test_console_script_end_to_end(tmp_cache, tmp_path):
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     listing = json.loads(run("cache", "list", "--json").stdout)
-    built = [r["key"] for r in summary["kernels"]] + [r["key"] for r in summary["staging"].values()]
+    built = [r["key"] for r in summary["kernels"]]
+    built += [r["key"] for name in ("staging", "decode") for r in summary[name].values()]
     assert sorted(e["key"] for e in listing["entries"]) == sorted(built)
-    assert list(summary["staging"]) == ["sm_90a"] and summary["staging"]["sm_90a"]["status"] == "compiled"
+    for name in ("staging", "decode"):
+        assert list(summary[name]) == ["sm_90a"] and summary[name]["sm_90a"]["status"] == "compiled"
     assert run("cache", "verify").returncode == 0
     assert run("--version").stdout.strip().endswith(__import__("jitgemm").__version__)
 

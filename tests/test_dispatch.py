@@ -234,7 +234,7 @@ def _fake_build_all(configs, jobs):
 
 def test_only_the_heuristics_choices_are_recorded(tmp_cache, monkeypatch):
     monkeypatch.setattr(cli, "_build_all", _fake_build_all)
-    monkeypatch.setattr(cli, "_build_staging", lambda arch: _fake_build_all([arch], 1)[0])
+    monkeypatch.setattr(cli, "_build_fixed", lambda kernel, arch: _fake_build_all([arch], 1)[0])
     shape = ["--m", "256", "--n", N, "--k", K, *TARGET, "--json"]
     result = invoke("precompile", *shape, "--no-table")
     assert json.loads(result.stdout)["table"]["reason"] == "--no-table" and not tmp_cache.exists()
@@ -256,7 +256,7 @@ def test_only_the_heuristics_choices_are_recorded(tmp_cache, monkeypatch):
 
 def test_failed_kernels_are_not_recorded(tmp_cache, monkeypatch):
     monkeypatch.setattr(cli, "_build_all", lambda configs, jobs: [{"status": "error", "error": "x"} for _ in configs])
-    monkeypatch.setattr(cli, "_build_staging", lambda arch: _fake_build_all([arch], 1)[0])
+    monkeypatch.setattr(cli, "_build_fixed", lambda kernel, arch: _fake_build_all([arch], 1)[0])
     result = invoke("precompile", "--m", "256", "--n", N, "--k", K, *TARGET, "--json")
     assert result.exit_code == 1 and not table_file(tmp_cache).exists()
 

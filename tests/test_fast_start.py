@@ -115,7 +115,7 @@ def test_a_fresh_process_finds_the_kernel_without_loading_nvrtc(warm):
 STAGING_CHILD = r"""
 import json
 from jitgemm import staging
-built = staging.build("sm_90a")
+built = staging.KERNEL.build("sm_90a")
 with open("/proc/self/maps") as maps:
     loaded = any("libnvrtc" in line for line in maps)
 print(json.dumps({"hit": built.hit, "key": built.key, "loaded": loaded}))
@@ -127,7 +127,7 @@ def test_a_fresh_process_finds_the_staging_kernel_without_loading_nvrtc(warm, mo
         pytest.skip(NOT_PREDICTED)
     root, _ = warm  # the memo of the NVRTC version is there
     monkeypatch.setenv("JITGEMM_CACHE_DIR", str(root))
-    built = staging.build("sm_90a")
+    built = staging.KERNEL.build("sm_90a")
     assert _child_json(STAGING_CHILD) == {"hit": True, "key": built.key, "loaded": False}
 
 

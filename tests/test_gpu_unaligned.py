@@ -176,7 +176,8 @@ def test_seen_problem_with_new_unaligned_outputs(gen):
 
 
 def test_unaligned_benchmark_smoke(tmp_path):
-    """examples/unaligned.py --smoke in a fresh process: two pairs, each result checked first."""
+    """examples/unaligned.py --smoke in a fresh process: three pairs (one a decode, decode.py),
+    each result checked first."""
     import json
     import os
     import subprocess
@@ -196,6 +197,7 @@ def test_unaligned_benchmark_smoke(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     rows = json.loads(report.read_text())["rows"]
-    assert len(rows) == 2
+    assert len(rows) == 3
     for row in rows:
-        assert row["jitgemm_us"] > 0 and row["aligned_us"] > 0 and row["cublas_us"] > 0 and "_od" in row["config"]
+        assert row["jitgemm_us"] > 0 and row["aligned_us"] > 0 and row["cublas_us"] > 0
+        assert ("decode" if row["unaligned"][0] <= 2 else "_od") in row["config"]

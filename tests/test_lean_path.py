@@ -16,7 +16,7 @@ import pytest
 from cuda.bindings import driver
 
 import jitgemm
-from jitgemm import api, context, kernels, launch, registry, runtime, staging
+from jitgemm import api, context, decode, kernels, launch, registry, runtime, staging
 from jitgemm.arrays import View, libraries
 from jitgemm.arrays.views import ITEMSIZE, checked_view
 from jitgemm.heuristics import DeviceSpec
@@ -127,6 +127,11 @@ class FakeWorkspace:
         return launch._region_pointers(self.BASE, tuple(launch._round(size) for size in sizes))
 
 
+def _decoded(call, regions) -> tuple:
+    args = call.args
+    return args.a, args.b, args.out, args.c, *regions[:2]
+
+
 @pytest.fixture
 def fake(monkeypatch):
     monkeypatch.setenv("JITGEMM_TUNED", "0")
@@ -145,8 +150,15 @@ def fake(monkeypatch):
 
     monkeypatch.setattr(kernels, "get", get)
     stage_kernel = runtime.LoadedKernel(None, None, "fake_stage", 0, 256, 1, True)
-    monkeypatch.setattr(staging, "kernel", lambda arch, ordinal: stage_kernel)
-    monkeypatch.setattr(staging, "is_loaded", lambda arch, ordinal: True)
+    monkeypatch.setattr(staging.KERNEL, "get", lambda arch, ordinal: stage_kernel)
+    monkeypatch.setattr(staging.KERNEL, "is_loaded", lambda arch, ordinal: True)
+    decode_kernel = runtime.LoadedKernel(None, None, "fake_decode", 0, 256, 1, True)
+    monkeypatch.setattr(decode.KERNEL, "get", lambda arch, ordinal: decode_kernel)
+    monkeypatch.setattr(decode.KERNEL, "is_loaded", lambda arch, ordinal: True)
+    lib.decodes = []  # (a, b, out, c, partials, counters) of each decode launch
+    monkeypatch.setattr(
+        decode.DecodeLaunch, "_launch_with", lambda call, regions: lib.decodes.append(_decoded(call, regions))
+    )
     lib.stages = []  # (src_a, dst_a, src_b, dst_b) of each staging launch
     monkeypatch.setattr(staging.StageLaunch, "launch", lambda self, *addresses: lib.stages.append(addresses))
     workspace = FakeWorkspace()
@@ -340,7 +352,7 @@ def test_operands_are_copied_by_their_library_where_the_staging_kernel_cannot_be
     def offline(arch, ordinal):
         raise kernels.OfflineError("not in the cache")
 
-    monkeypatch.setattr(staging, "kernel", offline)
+    monkeypatch.setattr(staging.KERNEL, "get", offline)
     b = FakeTensor((K, N))
     for offset in (8, 24):
         shifted = FakeTensor((M, K), ptr=FakeTensor((M, K + 8)).ptr + offset)
@@ -479,3 +491,26 @@ def test_an_out_that_is_not_element_aligned_is_copied(fake):
         warnings.simplefilter("ignore", jitgemm.FallbackCopyWarning)
         assert jitgemm.gemm(a, b, out) is out
     assert any(op[0] == "copy" and op[1] == out.ptr for op in fake.ops)
+
+
+def test_a_decode_seen_before_patches_only_the_addresses(fake):
+    """M = 1 against a b of odd N (decode.py): the decode launch is packed once; new arrays
+    reach it through the plan, their addresses element-aligned only."""
+    k, n = 64, 45
+    a, b = FakeTensor((1, k)), FakeTensor((k, n))
+    first = jitgemm.gemm(a, b)
+    assert first.shape == (1, n) and len(fake.general) == 1 and not fake.driver.launches and not fake.stages
+    call = next(p.call for p in api._plans.values())
+    sums = decode.split_for(n, k, 132)
+    assert call.workspace_sizes[:2] == (sums.strips * sums.groups * decode.STRIP * 4, sums.strips * 4)
+    counters = FakeWorkspace.BASE + launch._round(call.workspace_sizes[0])
+    assert fake.decodes[-1] == (a.ptr, b.ptr, first.ptr, 0, FakeWorkspace.BASE, counters)
+    assert (call.args.m, call.args.n, call.args.k, call.args.b_row) == (1, n, k, n)
+    a2, b2 = FakeTensor((1, k)), FakeTensor((k, n))  # new arrays: the plan serves them
+    second = jitgemm.gemm(a2, b2)
+    assert len(fake.general) == 1 and fake.decodes[-1][:4] == (a2.ptr, b2.ptr, second.ptr, 0)
+    # b 2 bytes into a unit (another plan: not every address is 16-byte aligned), then again
+    for offset in (2, 6):
+        b3 = FakeTensor((k, n), ptr=FakeTensor((k, n + 8)).ptr + offset)
+        third = jitgemm.gemm(a2, b3)
+        assert len(fake.general) == 2 and fake.decodes[-1][:4] == (a2.ptr, b3.ptr, third.ptr, 0)

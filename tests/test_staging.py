@@ -62,7 +62,7 @@ def _kernel_params(cubin: bytes) -> list:
 @needs_cuobjdump
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_the_kernel_takes_the_packed_copies_and_does_not_spill(arch):
-    source = (TEMPLATES / "common/stage_operands.cuh").read_text()
+    source = staging.KERNEL.source()
     cubin = compiler.compile_cubin(source, arch, name="stage.cu").cubin
     copies = (staging._StageCopy * 2)()
     assert _kernel_params(cubin) == [(0, 0, ctypes.sizeof(copies))]

@@ -1,7 +1,7 @@
 // Stages the operands TMA cannot read in place (rows that are not whole 16-byte units, a
 // misaligned base, no unit stride) into rows it can: one launch for A and B together, into the
-// launch's workspace, before the GEMM. A complete translation unit (no headers: NVRTC from pip
-// has no include path); 16-bit elements.
+// launch's workspace, before the GEMM. A translation unit once realign.cuh is prepended (no
+// headers: NVRTC from pip has no include path); 16-bit elements.
 //
 // Each operand is `outer` rows of `inner` elements, element (o, i) at src[o * src_outer +
 // i * src_inner]; it lands in rows of `pitch_units` 16-byte units, the units past `inner` zero
@@ -23,19 +23,6 @@ constexpr unsigned ITEMS = 4;  // units per thread and step
 struct StageCopies {
     StageCopy operand[2];  // A, B
 };
-
-// The 16 bytes at `shift` (even, < 16) bytes into the 32 of lo:hi, without branches.
-__device__ __forceinline__ uint4 shifted(const uint4 lo, const uint4 hi, const unsigned shift) {
-    unsigned w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    const bool by8 = shift & 8, by4 = shift & 4;
-#pragma unroll
-    for (int i = 0; i < 6; ++i) w[i] = by8 ? w[i + 2] : w[i];
-#pragma unroll
-    for (int i = 0; i < 5; ++i) w[i] = by4 ? w[i + 1] : w[i];
-    const unsigned bits = (shift & 3) * 8;
-    return make_uint4(__funnelshift_r(w[0], w[1], bits), __funnelshift_r(w[1], w[2], bits),
-                      __funnelshift_r(w[2], w[3], bits), __funnelshift_r(w[3], w[4], bits));
-}
 
 // The source of unit `unit` of staged row `row`: where the row has unit stride, the two aligned
 // 16-byte units around it (`lo`, `hi`) and its byte offset into them, loaded whole where both
