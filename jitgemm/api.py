@@ -456,7 +456,7 @@ def gemm(
         allows it (16-byte aligned base address and leading stride, unit inner stride, rows of
         whole 16-byte units); other layouts are copied into an aligned buffer, with a one-time
         :class:`FallbackCopyWarning` naming the argument, except a `b` whose rows along N have
-        unit stride when `a` has one or two rows: a decode kernel then reads `b` in place
+        unit stride when `a` has at most four rows: a decode kernel then reads `b` in place
         (unless `config` or ``JITGEMM_CONFIG`` forces the GEMM). Zero (broadcast) and negative strides
         raise ValueError. An N-D `a` (..., K), such as activations (batch, seq, hidden) as
         ``F.linear`` takes them, is computed as one (M, K) matrix of M = prod(...) rows: read in

@@ -837,6 +837,9 @@ def explain(m, n, k, dtype, out_dtype, layout, has_c, arch, num_sms, config_text
     report["source"] = source
     if source == "table":
         report["table"] = str(dispatch.table_path(device))
+    note = decode.explain_note(problem) if source not in ("argument", "env") else None
+    if note is not None:
+        report["decode"] = note
     if as_json:
         try:
             click.echo(json.dumps(report, indent=2))

@@ -3,9 +3,10 @@ stride but are not whole 16-byte units (odd N, a misaligned view), by a kernel t
 place (templates/common/decode_rows.cuh) instead of staging it and running the GEMM.
 
 Why: at these M the GEMM reads b once, so staging it (read and written once more) triples the
-traffic; on the H200 1x50257x4096 took 364 us staged against 162 us in place (cuBLAS 237), and
-2x32001x4096 238 against 114 (cuBLAS 160). From M = 4 the kernel's CUDA-core FMAs fall behind
-cuBLAS (BENCHMARKS.md, session 8), so larger M keep the staged GEMM.
+traffic. On an H100 (2026-12-02, CUDA graphs, 4 weights rotated): 1x50257x4096 161 us against
+445 staged (cuBLAS 243), 2x32001x4096 118 against 288 (cuBLAS 162); 3 and 4 rows still run in
+about half the staged time but at 0.77-0.97x cuBLAS, whose kernels for them are faster than
+for one row (BENCHMARKS.md, session 9). Five rows and more keep the staged GEMM.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import ctypes
 from typing import NamedTuple
 
 from . import runtime
-from .arrays import View
+from .arrays import TMA_ALIGN, View
 from .fixed_kernels import FixedKernel
 from .launch import REGIONS, Launch
+from .problem import DTYPE_BYTES, Problem
 
-MAX_ROWS = 2  # the kernel's MAX_M
+MAX_ROWS = 4  # the kernel's MAX_M
 THREADS = 256  # the kernel's __launch_bounds__
 WARPS_PER_BLOCK = THREADS // 32
 STRIP = 31 * 8  # columns per warp (the kernel's STRIP)
@@ -48,10 +50,26 @@ def reads_in_place(va: View, vb: View, b_major: int, b_copy: bool) -> bool:
     )
 
 
+def explain_note(problem: Problem) -> str | None:
+    """What `jitgemm explain` says of `problem` where a contiguous row-major b of its N would
+    run the decode kernel (`reads_in_place`), not the GEMM explained."""
+    if problem.m > MAX_ROWS or problem.b_major != "N" or problem.n * DTYPE_BYTES[problem.dtype] % TMA_ALIGN == 0:
+        return None
+    return (
+        f"gemm() runs the decode kernel (jitgemm/decode.py), not this GEMM, for M <= {MAX_ROWS} against a b "
+        f"whose rows TMA cannot read, as a row-major b of N = {problem.n} (unless a config is forced)"
+    )
+
+
 def writes_in_place(view: View | None) -> bool:
     """Whether the kernel writes (or reads, for c) `view` where it is: any strides of a 2-D
     view, element-aligned (None: the result jitgemm allocates)."""
     return view is None or (view.strides is not None and view.ptr % view.itemsize == 0)
+
+
+def kernel_rows(m: int) -> int:
+    """The rows of a the kernel's instance for M rows sums (3 rows run the 4-row kernel)."""
+    return m if m <= 2 else MAX_ROWS
 
 
 class Split(NamedTuple):
@@ -162,7 +180,7 @@ class DecodeLaunch(Launch):
         self.params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
         self.address = ctypes.addressof(self.params)
         self.config = runtime.launch_config(kernel, blocks, stream)
-        partials = strips * groups * m * STRIP * 4
+        partials = strips * groups * kernel_rows(m) * STRIP * 4
         self.workspace_sizes = (partials, strips * 4) + (0,) * (len(REGIONS) - 2)
         self.repoint(va.ptr, vb.ptr, vd.ptr, 0 if vc is None else vc.ptr)
 

@@ -664,6 +664,16 @@ def test_explain_with_the_real_heuristics():
     assert heuristics.select(problem, H200).name in text
 
 
+def test_explain_says_where_gemm_runs_the_decode_kernel_instead(monkeypatch):
+    monkeypatch.delenv("JITGEMM_CONFIG", raising=False)
+    _, report = invoke_json("explain", 2, 50257, 4096, *TARGET)  # a row-major b of odd N
+    assert "decode kernel" in report["decode"] and "N = 50257" in report["decode"]
+    for args in ((5, 50257, 4096), (2, 50256, 4096), (2, 50257, 4096, "--layout", "nn")):
+        assert "decode" not in invoke_json("explain", *args, *TARGET)[1]  # 5 rows, aligned rows, W.t()
+    forced = heuristics.select(Problem(2, 50257, 4096), H200).to_json()
+    assert "decode" not in invoke_json("explain", 2, 50257, 4096, *TARGET, "--config", forced)[1]
+
+
 # ---- the installed console script ----
 
 

@@ -25,7 +25,8 @@ def view(shape, strides, ptr=1 << 20, dtype="bf16"):
         (view((1, 4096), (4096, 1)), view((4096, 50257), (50257, 1)), True),  # odd N
         (view((2, 4096), (1, 2)), view((4096, 48), (49, 1)), True),  # a transposed; padded rows of b
         (view((1, 64), (64, 1)), view((64, 64), (64, 1), ptr=(1 << 20) + 2), True),  # misaligned base
-        (view((3, 4096), (4096, 1)), view((4096, 50257), (50257, 1)), False),  # M = 3: the staged GEMM
+        (view((4, 4096), (1, 4)), view((4096, 50257), (50257, 1)), True),
+        (view((5, 4096), (4096, 1)), view((4096, 50257), (50257, 1)), False),  # M = 5: the staged GEMM
         (view((1, 4096), (4096, 1)), view((4096, 50256), (50256, 1)), False),  # TMA reads b
         (view((1, 64), (64, 1)), view((64, 9), (1, 64)), False),  # b K-major (W.t()): not rows along N
         (view((1, 64), (64, 1)), view((64, 9), (18, 2)), False),  # no unit stride
@@ -115,7 +116,9 @@ def _emulate(a: np.ndarray, b_mem: bytes, b_first: int, b_row: int, n: int) -> n
         at = b_first + 2 * (row * b_row + col)
         return int.from_bytes(b_mem[at : at + 2], "little")
 
-    quads = m * decode.STRIP // 4  # a group's sums, as the kernel lays them out (QUADS float4)
+    rows = decode.kernel_rows(m)  # the kernel instance's (3 rows run the 4-row kernel, the fourth zero)
+    a = np.concatenate([a, np.zeros((rows - m, k))])
+    quads = rows * decode.STRIP // 4  # a group's sums, as the kernel lays them out (QUADS float4)
     partials = np.full((s.strips * s.groups * quads, 4), np.nan)
     out = np.full((m, n), np.nan)
     for strip in range(s.strips):
@@ -124,7 +127,7 @@ def _emulate(a: np.ndarray, b_mem: bytes, b_first: int, b_row: int, n: int) -> n
             block_sums = np.zeros((decode.WARPS_PER_BLOCK, quads, 4))
             for warp in range(decode.WARPS_PER_BLOCK):
                 split = group * decode.WARPS_PER_BLOCK + warp
-                acc = np.zeros((32, m, 8))
+                acc = np.zeros((32, rows, 8))
                 for row in range(split * s.rows, min(k, (split + 1) * s.rows)):
                     at = b_first + 2 * (row * b_row + strip_col)
                     units = [(at & ~15) + 16 * lane for lane in range(32)]
@@ -139,7 +142,7 @@ def _emulate(a: np.ndarray, b_mem: bytes, b_first: int, b_row: int, n: int) -> n
                             cols = np.array([element(row, col0 + j) if col0 + j < n else 0 for j in range(8)])
                         acc[lane] += np.outer(a[:, row], _bf16_to_float(cols))
                 for lane in range(31):
-                    for mm in range(m):
+                    for mm in range(rows):
                         first = (mm * decode.STRIP + lane * 8) // 4
                         block_sums[warp, first : first + 2] = acc[lane, mm].reshape(2, 4)
             at = (strip * s.groups + group) * quads
@@ -150,7 +153,7 @@ def _emulate(a: np.ndarray, b_mem: bytes, b_first: int, b_row: int, n: int) -> n
             mm = q * 4 // decode.STRIP
             for j in range(4):
                 col = strip_col + q * 4 % decode.STRIP + j
-                if col < n:
+                if col < n and mm < m:
                     out[mm, col] = sums[j]
     return out
 
@@ -168,6 +171,8 @@ def _bf16_to_float(bits: np.ndarray) -> np.ndarray:
         (2, 497, 33, 501, 6),  # padded rows, two strips plus one column
         (1, 250, 300, 250, 10),  # K split
         (2, 1023, 24, 1023, 4),
+        (3, 300, 70, 301, 8),  # the 4-row kernel, its fourth row unused
+        (4, 17, 129, 17, 12),
     ],
 )
 def test_the_emulated_kernel_reads_every_element_once_and_stays_inside_b(m, n, k, b_row, offset):

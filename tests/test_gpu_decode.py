@@ -1,4 +1,4 @@
-"""The decode kernel for unaligned weights (issue 20, jitgemm/decode.py): a of M <= 2 rows against
+"""The decode kernel for unaligned weights (issue 20, jitgemm/decode.py): a of M <= 4 rows against
 a b whose rows TMA cannot read, read in place. Every result against a float64 reference, into
 NaN-poisoned outputs with guard bands; the call must run the decode kernel (not the staged
 GEMM) and leave its counters ready for the next launch."""
@@ -68,6 +68,10 @@ CASES = [  # (m, n, k, dtype, b layout)
     (2, 16332, 960, "bf16", "odd"),
     (1, 50257, 4096, "bf16", "odd"),
     (2, 4096, 4096, "fp16", "shifted"),
+    (3, 1001, 517, "bf16", "odd"),
+    (4, 247, 2049, "fp16", "padded"),
+    (3, 16332, 960, "fp16", "shifted"),
+    (4, 50257, 4096, "bf16", "odd"),
 ]
 
 
@@ -151,12 +155,12 @@ def test_a_captured_graph_decodes_what_its_inputs_hold_at_replay(gen):
         assert_close(out, a, b, "bf16")
 
 
-def test_three_rows_or_a_forced_config_run_the_staged_gemm(gen):
+def test_five_rows_or_a_forced_config_run_the_staged_gemm(gen):
     import torch
 
     k, n = 1024, 1001
     b = weight(k, n, "bf16", "odd", gen)
-    for m, config in ((3, None), (1, "forced")):
+    for m, config in ((decode.MAX_ROWS + 1, None), (1, "forced")):
         a = randn((m, k), "bf16", gen)
         api._plans.clear()
         with warnings.catch_warnings():

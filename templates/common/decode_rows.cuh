@@ -1,4 +1,4 @@
-// Decode against a weight TMA cannot read: out = alpha * a @ b (+ beta * c) for a of M <= 2
+// Decode against a weight TMA cannot read: out = alpha * a @ b (+ beta * c) for a of M <= 4
 // rows and a b (K, N) whose rows have unit stride but are not whole 16-byte units (odd N, a
 // misaligned view), read in place: no staging pass over b. A translation unit once realign.cuh
 // is prepended (no headers: NVRTC from pip has no include path); 16-bit inputs.
@@ -8,7 +8,7 @@
 // lanes 0..30 take the next unit from lane l + 1 and realign the pair by the row's byte offset,
 // the same across the warp (`shifted`), into their 8 columns (lane 31 only loads: an extra unit
 // of its own would cost every lane its registers). ROWS_IN_FLIGHT rows are loaded before any
-// is used. The products are fp32 FMAs on the CUDA cores (M <= 2 leaves the loads the
+// is used. The products are fp32 FMAs on the CUDA cores (M <= 4 leaves the loads the
 // bottleneck). A block's warps are consecutive splits of one strip (a group): their sums are
 // added in shared memory, and the group's written to the workspace; the last group of a strip
 // to finish (a counter per strip, reset by it) adds the groups and writes the strip's outputs.
@@ -20,7 +20,7 @@ typedef unsigned long long u64;
 
 constexpr int STRIP = 31 * 8;  // columns per warp: 8 per lane but the last
 constexpr int ROWS_IN_FLIGHT = 8;
-constexpr int MAX_M = 2;
+constexpr int MAX_M = 4;
 constexpr int THREADS = 256;
 constexpr int WARPS = THREADS / 32;  // a block's splits of one strip (a group)
 
@@ -110,18 +110,21 @@ __device__ __forceinline__ void split_sums(const DecodeArgs& p, const int strip,
     for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[m][j] = 0.f;
-    for (int k = k0; k < k1; k += ROWS_IN_FLIGHT) {
-        RowUnit rows[ROWS_IN_FLIGHT];
-        float a_k[ROWS_IN_FLIGHT][M];
+    // Fewer rows in flight for 3 or 4 rows of a: their sums take the registers (8 spill).
+    constexpr int ROWS = M <= 2 ? ROWS_IN_FLIGHT : 6;
+    for (int k = k0; k < k1; k += ROWS) {
+        RowUnit rows[ROWS];
+        u16 a_bits[ROWS][M];  // (16-bit until used: registers for 4 rows of a)
 #pragma unroll
-        for (int d = 0; d < ROWS_IN_FLIGHT; ++d) {
+        for (int d = 0; d < ROWS; ++d) {
             if (k + d >= k1) break;
             rows[d] = load_row(p, k + d, strip_col, first_byte, end_byte, lane);
 #pragma unroll
-            for (int m = 0; m < M; ++m) a_k[d][m] = to_float<FP16>(p.a[m * p.a_row + (k + d) * p.a_col]);
+            for (int m = 0; m < M; ++m)  // (M = 4 serves 3 rows: the fourth is zero)
+                a_bits[d][m] = m < p.m ? p.a[m * p.a_row + (k + d) * p.a_col] : (u16)0;
         }
 #pragma unroll
-        for (int d = 0; d < ROWS_IN_FLIGHT; ++d) {
+        for (int d = 0; d < ROWS; ++d) {
             if (k + d >= k1) break;  // (uniform across the warp)
             const RowUnit& r = rows[d];
             uint4 hi;
@@ -141,7 +144,10 @@ __device__ __forceinline__ void split_sums(const DecodeArgs& p, const int strip,
                 for (int j = 0; j < 8; ++j) e[j] = col0 + j < p.n ? src[j] : 0u;
                 cols = make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
             }
-            add_row<FP16, M>(acc, cols, a_k[d]);
+            float a_k[M];
+#pragma unroll
+            for (int m = 0; m < M; ++m) a_k[m] = to_float<FP16>(a_bits[d][m]);
+            add_row<FP16, M>(acc, cols, a_k);
         }
     }
 }
@@ -195,6 +201,7 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& p, const int stri
         }
         const float sums[4] = {sum.x, sum.y, sum.z, sum.w};
         const int m = q * 4 / STRIP;
+        if (m >= p.m) break;  // (the rows past M of a kernel for more)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int col = strip * STRIP + q * 4 % STRIP + j;
@@ -220,12 +227,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) jitgemm_decode_rows(con
     __shared__ BlockSums block_sums;
     __shared__ bool last_group;
     const int strip = blockIdx.x % p.strips, group = blockIdx.x / p.strips;
-    if (p.fp16 && p.m == 1)
-        decode_block<true, 1>(p, strip, group, block_sums, last_group);
-    else if (p.fp16)
-        decode_block<true, MAX_M>(p, strip, group, block_sums, last_group);
-    else if (p.m == 1)
-        decode_block<false, 1>(p, strip, group, block_sums, last_group);
-    else
-        decode_block<false, MAX_M>(p, strip, group, block_sums, last_group);
+    if (p.fp16) {
+        if (p.m == 1)
+            decode_block<true, 1>(p, strip, group, block_sums, last_group);
+        else if (p.m == 2)
+            decode_block<true, 2>(p, strip, group, block_sums, last_group);
+        else
+            decode_block<true, MAX_M>(p, strip, group, block_sums, last_group);
+    } else {
+        if (p.m == 1)
+            decode_block<false, 1>(p, strip, group, block_sums, last_group);
+        else if (p.m == 2)
+            decode_block<false, 2>(p, strip, group, block_sums, last_group);
+        else
+            decode_block<false, MAX_M>(p, strip, group, block_sums, last_group);
+    }
 }
