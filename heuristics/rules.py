@@ -28,8 +28,12 @@ TILE_FIELDS = ("block_m", "block_n", "num_consumers", "cluster_size", "multicast
 
 
 def with_fields(cfg: KernelConfig, **changes) -> KernelConfig:
-    """`cfg` with the fields in `changes` replaced (validated again by KernelConfig)."""
-    return KernelConfig(**{**cfg.to_dict(), **changes})
+    """`cfg` with the fields in `changes` replaced, validated again as KernelConfig's constructor
+    validates (its `__post_init__`; copied with `derived`: a few times cheaper than building it
+    field by field, which a first selection pays for its choice)."""
+    out = cfg.derived(**changes)
+    out.__post_init__()
+    return out
 
 
 def base_config(problem: Problem, device: DeviceSpec, **tile) -> KernelConfig:

@@ -367,7 +367,10 @@ class Tiles:
     def __init__(self, configs: tuple, ints: np.ndarray, times: np.ndarray):
         self.configs = configs  # the configs the rows were made from (split_k 1)
         self.ints, self.times = ints, times
-        self.__dict__.update(zip(self.INTS + self.TIMES, (*ints, *times)))
+        # (zip stops at the last name: iterating an array to its end would raise an IndexError,
+        # costly to format)
+        self.__dict__.update(zip(self.INTS, ints))
+        self.__dict__.update(zip(self.TIMES, times))
 
     @classmethod
     def of(cls, configs, laid=None) -> "Tiles":
@@ -571,8 +574,11 @@ def costs(
     shared = til.wide is not None or _shared_wave_possible(problem)
     if shared and til.wide is None:
         til = til._replace(wide=_wide_wave_tiles(problem, t.block_m, til.num_m))
-    splits = None if unsplit and not report else np.minimum(t.split_k, k_blocks)  # (no split is empty)
-    w = _wave_terms(device, t, til, k_blocks, shared, report, splits)
+    split_cols = None
+    if not unsplit or report:
+        splits = np.minimum(t.split_k, k_blocks)  # (no split is empty)
+        split_cols = _split_columns(splits, t.block_n, t.split_k, t.acc_regs)
+    w = _wave_terms(device, t, til, k_blocks, shared, report, split_cols)
     lines = _shared_line_clk(problem, w.active, til.num_m * (1 + t.shares_a), til.num_n * (1 + t.shares_b))
     moved = np.array((til.lands, til.l2_reads, np.broadcast_to(til.dram_rows, til.num_m.shape)), dtype=float)
     return _byte_terms(problem, t, w, moved, np.maximum(w.fixed, lines), report, til, lines)
@@ -613,18 +619,18 @@ def _wave_terms(
     k_blocks: int,
     shared: bool,
     report: bool,
-    splits=None,
-    rounds=None,
+    split_cols=None,
     legal=None,
 ) -> _Waves:
     """`_Waves` of the candidates `t`, tiled `til`, over `k_blocks` K blocks; `shared`: whether
     any layout can run in a shared wave (`_shared_wave_possible`; then `til.wide` is counted);
-    `splits`: the K splits each candidate uses (at most `k_blocks`), None where every candidate
-    is unsplit (the scalar 1 stands for its splits); `rounds`: `_splitk_terms`' round trips,
-    when known; `legal`: where the rules let a candidate through (the launch of the others costs
-    infinity), when not all."""
+    `split_cols`: `_split_columns` of the K splits each candidate uses (at most `k_blocks`),
+    None where every candidate is unsplit (the scalar 1 stands for its splits); `legal`: where
+    the rules let a candidate through, 0 or 1 (the launch of the others costs infinity), when
+    not all (only with every candidate unsplit)."""
     r = RATES
     cluster, units = t.cluster_size, til.units
+    splits = None if split_cols is None else split_cols[0]
     if splits is None:
         kb_unit, work = k_blocks, units
     else:
@@ -653,12 +659,12 @@ def _wave_terms(
     # Per launch: the kernel's launch, ramp and drain; split-K's measured extra besides.
     split = None if splits is None else splits > 1
     if split is not None and (report or np.count_nonzero(split)):
-        launch = r.launch_clk + np.where(split, SPLITK_LAUNCH_CLK, 0)
-        more = _splitk_terms(t, splits, til.num_m, units * cluster, active, rounds)
+        launch = np.array((r.launch_clk, r.launch_clk + SPLITK_LAUNCH_CLK)).take(split)  # (unsplit, split)
+        more = _splitk_terms(split_cols, til.num_m, units * cluster, active)
     else:
         launch, split, more = r.launch_clk, None, (0, 0, 0, 0, 0, 0)
-    if legal is not None:
-        launch = np.where(legal, launch, np.inf)
+    if legal is not None:  # (unsplit: the launch is the same for every candidate)
+        launch = np.array((np.inf, launch)).take(legal)
     return _Waves(
         1 if splits is None else splits,
         kb_unit,
@@ -678,22 +684,37 @@ def _wave_terms(
     )
 
 
-def _splitk_terms(t: Tiles, splits, num_m, cta_tiles, active, rounds=None) -> tuple:
-    """The split-K columns of `_Waves`, but for `split` (`rounds`: the round trips, when
-    known). Splits 1.. park their fp32 partial tiles (only live rows) in the workspace; split 0
-    reads them back (a batch of splits a round trip) and runs the epilogue."""
-    others = splits - 1
-    if rounds is None:
-        rounds = _fixup_rounds(others, t.split_k, t.acc_regs)
+def _splitk_terms(split_cols, num_m, cta_tiles, active) -> tuple:
+    """The split-K columns of `_Waves`, but for `split`, of the candidates split as
+    `split_cols` says (`_split_columns`). Splits 1.. park their fp32 partial tiles (only live
+    rows) in the workspace; split 0 reads them back (a batch of splits a round trip) and runs
+    the epilogue."""
+    # (rows indexed, not unpacked: iterating over an array ends in an IndexError, costly to format)
+    splits, others, twice_others, column_bytes = split_cols[0], split_cols[1], split_cols[2], split_cols[3]
+    ws_row_bytes, rounds, round_trip_clk = split_cols[4], split_cols[5], split_cols[6]
     # What a CTA reads back, in partial tiles: split 0 the others' over its own L2 port; on
     # average a CTA moves 2 (S - 1) / S partials over its share of the chip's (splits 1.. store
     # one, split 0 reads S - 1).
     reads = np.empty((3, len(others)))
     reads[0] = others
-    reads[1:] = active * 2 * others / splits
-    column_bytes = t.block_n * PARTIAL_BYTES
-    ws_units = others * column_bytes * (cta_tiles // num_m)
-    return rounds, rounds * L2_ROUND_TRIP_CLK, reads, ws_units, num_m, column_bytes
+    reads[1:] = active * twice_others / splits
+    ws_units = ws_row_bytes * (cta_tiles // num_m)
+    return rounds, round_trip_clk, reads, ws_units, num_m, column_bytes
+
+
+def _split_columns(splits, block_n, split_k, acc_regs) -> np.ndarray:
+    """What `_splitk_terms` reads of candidates split `splits` ways (of at most `split_k`),
+    with tiles `block_n` wide of `acc_regs` accumulators per math thread, whatever the
+    problem, as rows: the splits, the others (splits - 1), twice the others, the bytes of
+    fp32 partials of one row of a tile, those of the others together, the dependent L2
+    round trips of the fix-up (`_fixup_rounds`) and their clock cycles (integers:
+    elementwise)."""
+    others = splits - 1
+    column_bytes = block_n * PARTIAL_BYTES
+    rounds = _fixup_rounds(others, split_k, acc_regs)
+    return np.array(
+        (splits, others, 2 * others, column_bytes, others * column_bytes, rounds, rounds * L2_ROUND_TRIP_CLK)
+    )
 
 
 def _fixup_rounds(others, split_k, acc_regs):
@@ -1028,7 +1049,9 @@ class _Layouts(NamedTuple):
     half_split_slots: np.ndarray  # split_slots // 2
     split_count: np.ndarray  # `_split_count` of its most splits, most = 0..max(split_slots)
     splits_up_to: np.ndarray  # how many of SPLITS are <= s, s = 0..num_sms
-    split_rounds: np.ndarray  # per row of `tiles` and each of SPLITS: `_fixup_rounds`
+    # Per row of `tiles` and each of SPLITS (row-major, see `_split_candidates`): the row,
+    # then `_split_columns` of that split.
+    split_table: np.ndarray
     # What a problem's M makes of a row of `tiles` depends on its block_m, its multicast and
     # (an M-major A) the pieces of A it loads only: the rows' classes, which `_by_m` counts.
     classes: tuple  # (block_m, the index of the multicast in MULTICASTS, a_piece or 0) of each class
@@ -1088,6 +1111,13 @@ def _tile_layouts() -> tuple[tuple, tuple]:
     return tuple(descriptions), tuple(tiles)
 
 
+def _split_table(tiles: Tiles) -> np.ndarray:
+    """`_Layouts.split_table` of the rows of `tiles`."""
+    rows, split = np.divmod(np.arange(len(tiles) * len(SPLITS)), len(SPLITS))
+    splits = SPLIT_VALUES[split]
+    return np.concatenate(([rows], _split_columns(splits, tiles.block_n[rows], splits, tiles.acc_regs[rows])))
+
+
 @functools.lru_cache(maxsize=64)
 def _layouts(device: DeviceSpec, *kind) -> _Layouts:
     """The layouts of one kind of problem (dtype, out_dtype, a_major, b_major, has_c)."""
@@ -1135,7 +1165,7 @@ def _layouts(device: DeviceSpec, *kind) -> _Layouts:
         split_slots // 2,
         _split_count(1, 4 * int(split_slots.max()), np.arange(split_slots.max() + 1)),
         SPLIT_VALUES.searchsorted(np.arange(device.num_sms + 1), side="right"),
-        _fixup_rounds(SPLIT_VALUES - 1, SPLIT_VALUES, tiles.acc_regs[:, None]),
+        _split_table(tiles),
         classes,
         class_of * _BY_M + np.arange(_BY_M)[:, None],
         np.array((*_slots(device, tiles.cluster_size), 1 + tiles.shares_a, 1 + tiles.shares_b, class_of)),
@@ -1174,7 +1204,8 @@ def _by_n(device: DeviceSpec, kind: tuple, n: int) -> _ByN:
     grid_n = (num_n + t.shares_a) // lay.pair_n  # (`ceil_div`)
     covered_b = n
     if lay.wide_boxes:  # (counted once per box width, in plain integers)
-        covered_b = np.array([covered_extent(n, block, box) for block, box in lay.wide_boxes] + [n]).take(lay.box_of)
+        covered = [covered_extent(n, block, box) for block, box in lay.wide_boxes] + [n]
+        covered_b = np.array(covered, dtype=np.int64).take(lay.box_of)
     # A pair sharing A whose peer falls past the edge re-reads the last n block.
     b_cols = covered_b + (num_n & t.shares_a) * ((n - 1) % t.block_n + 1)
     if kind[3] == "K":
@@ -1209,7 +1240,7 @@ def _by_m(problem: "Problem | _Shape", lay: _Layouts) -> np.ndarray:
             ints += (num_m, num_m, num_m, wide, True, wide, 2 * num_m)
         else:
             ints += (num_m, num_m, num_m, True, True, wide, num_m)
-    return np.array(ints).take(lay.by_m_index)
+    return np.array(ints, dtype=np.int64).take(lay.by_m_index)  # (a dtype given: no type to find)
 
 
 def _a_side(problem: "Problem | _Shape", lay: _Layouts) -> tuple[list, list]:
@@ -1254,7 +1285,7 @@ class _Rows(NamedTuple):
         # the SM count, so whether the rule's exception applies (`exempt`) does not depend on
         # the split.
         first = lay.splits_up_to[np.where(self.exempt, 0, device.num_sms // til.tiles)]
-        end = np.where(self.can_share, count, 0)
+        end = count * self.can_share  # (can_share: 0 or 1)
         first[lay.staged :] = 0
         if til.wide is None:
             end[lay.staged :] = 0
@@ -1263,11 +1294,17 @@ class _Rows(NamedTuple):
         return first, end, count
 
     def unsplit(self, device: DeviceSpec) -> np.ndarray | None:
-        """Where the rules let a row through unsplit (`splits`' first == 0 < end), when no row
-        can split (every `split_choices` is [1]); else None."""
+        """`legal_unsplit` when no row can split (every `split_choices` is [1]); else None."""
         lay, til = self.layouts, self.tiling
         if self.k_blocks >= 2 * MIN_KB_PER_SPLIT and np.count_nonzero(til.units <= lay.half_split_slots):
             return None  # a layout splits (`_split_count`)
+        return self.legal_unsplit(device)
+
+    def legal_unsplit(self, device: DeviceSpec) -> np.ndarray:
+        """Where the rules let a row through unsplit (`splits`' first == 0 < end: the single-wave
+        rule removes split 1 of a pair exactly where its tiles fit the SMs and its exception
+        does not apply, and every `split_choices` holds 1), as 0 or 1."""
+        lay, til = self.layouts, self.tiling
         legal = (self.exempt | (til.tiles > device.num_sms)) & self.can_share
         if til.wide is None:
             legal[lay.staged :] = 0
@@ -1297,9 +1334,10 @@ def _rows(problem: "Problem | _Shape", device: DeviceSpec, moves: bool = True) -
     # `_traffic`, with what depends on one of M and N counted once for each: tiles, cluster
     # units, and the columns of B read out of L2 (all CTAs together), at once.
     made = m_side[:3] * by_n.counts[:3]
-    tiles, units, b_reads = made
-    num_m, _, _, exempt, can_share, wide, _ = m_side
-    num_n, grid_n, _, _ = by_n.counts
+    # (rows indexed, not unpacked: see `_splitk_terms`)
+    tiles, units, b_reads = made[0], made[1], made[2]
+    num_m, exempt, can_share, wide = m_side[0], m_side[3], m_side[4], m_side[5]
+    num_n, grid_n = by_n.counts[0], by_n.counts[1]
     l2_reads = lands = dram_rows = None
     if moves:
         a_rows, a_dram = _a_side(problem, lay)
@@ -1335,10 +1373,17 @@ class _Search(NamedTuple):
 
 
 SPLIT_INDEX = np.arange(len(SPLITS))
-# SPLIT_RANGES[first, end]: whether each of SPLITS is one of SPLITS[first:end] (see `_Rows.splits`).
-SPLIT_RANGES = (np.arange(len(SPLITS) + 1)[:, None, None] <= SPLIT_INDEX) & (
-    SPLIT_INDEX < np.arange(len(SPLITS) + 1)[:, None]
-)
+# SPLIT_RANGES[first * (len(SPLITS) + 1) + end]: whether each of SPLITS is one of SPLITS[first:end]
+# (see `_Rows.splits`).
+SPLIT_RANGES = (
+    (np.arange(len(SPLITS) + 1)[:, None, None] <= SPLIT_INDEX) & (SPLIT_INDEX < np.arange(len(SPLITS) + 1)[:, None])
+).reshape(-1, len(SPLITS))
+
+
+def _split_candidates(first, end) -> np.ndarray:
+    """The (row, split) pairs the rules let through (`_Rows.splits`' first and end per row), as
+    the indices of their columns of `_Layouts.split_table`."""
+    return np.flatnonzero(SPLIT_RANGES.take(first * (len(SPLITS) + 1) + end, axis=0))
 
 
 def _search(problem: Problem, device: DeviceSpec, report: bool = False, rows: _Rows | None = None) -> _Search:
@@ -1347,10 +1392,11 @@ def _search(problem: Problem, device: DeviceSpec, report: bool = False, rows: _R
     r = _rows(problem, device) if rows is None else rows
     lay, t = r.layouts, r.layouts.tiles
     first, end, count = r.splits(device)
-    rows, split = SPLIT_RANGES[first, end].nonzero()
+    chosen = lay.split_table.take(_split_candidates(first, end), axis=1)
+    rows, splits = chosen[0], chosen[1]
     if not len(rows):
         raise ValueError(f"no legal {ARCH} configuration for {problem.describe()}")
-    candidates = t.take(rows, SPLIT_VALUES[split])
+    candidates = t.take(rows, splits)
     costed = costs(problem, device, candidates, r.tiling.take(rows), report)
     return _Search(lay, candidates, costed, first, count)
 
@@ -1396,7 +1442,8 @@ def _grain_costs(problem, s: "_Skeleton") -> dict:
     those the rules remove at infinity."""
     a_rows, a_dram = _a_side(problem, s.layouts)
     # (`_traffic`: the rows and columns moved, a shared tile landing in both CTAs of its pair)
-    moved = s.a_moves * np.array((a_rows, a_rows, a_dram)).take(s.class_of, axis=1)
+    moved = np.array((a_rows, a_rows, a_dram)).take(s.class_of, axis=1)
+    moved[:2] *= s.a_moves  # (A's DRAM rows are streamed once)
     moved += s.b_moved
     floor = s.floor
     if floor is None:
@@ -1438,8 +1485,8 @@ class _Skeleton(NamedTuple):
     waves: _Waves
     class_of: np.ndarray  # per candidate: its class of `layouts.classes`
     # The rows landing in shared memory, read out of L2 and streamed from DRAM (all CTAs
-    # together, per K slice): per row of A (`_a_side`'s rows, rows and DRAM rows, in turn),
-    # and of B (see `_traffic`).
+    # together, per K slice): per row of A (`_a_side`'s rows, landing and read; its DRAM rows
+    # are streamed once), and of B (see `_traffic`).
     a_moves: np.ndarray
     b_moved: np.ndarray
     # The largest of `_Waves.fixed` and `_shared_line_clk`, where every M of the grain has the
@@ -1452,49 +1499,44 @@ class _Skeleton(NamedTuple):
 @functools.lru_cache(maxsize=256)
 def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int, plain: bool = False) -> _Skeleton | None:
     """`_Skeleton` of the problems of `kind` with N = n, K = k and ceil(M / M_GRAIN) = m_grains
-    (None when no candidate is legal); with `plain`, of the layouts that can run swapped
-    (`_plain_tiles`), unsplit, those the rules remove at infinity (`_plain_costs` costs them
-    alike)."""
+    (None when no candidate is legal); with `plain`, of every layout unsplit, those that
+    cannot run swapped (`_runs_swapped`) or that the rules remove at infinity (as
+    `_plain_costs` costs them)."""
     like = _Shape((m_grains - 1) * M_GRAIN + 1, n, k, *kind)  # (the least M of the grain)
     r = _rows(like, device, moves=False)
     lay, t = r.layouts, r.layouts.tiles
-    legal = r.unsplit(device)
-    splits = rounds = None  # (every candidate unsplit)
+    split_cols = None  # (every candidate unsplit)
     rows = None  # every layout
     if plain:
-        if legal is None:
-            first, end, _ = r.splits(device)
-            legal = (first == 0) & (end > 0)
-        rows, t = _plain_tiles(device, kind)
-        legal = legal[rows]
+        legal = r.legal_unsplit(device) & _swappable(device, kind)
         if not np.count_nonzero(legal):
             return None
-    elif legal is None:
+    elif (legal := r.unsplit(device)) is None:
         first, end, _ = r.splits(device)
-        rows, split = SPLIT_RANGES[first, end].nonzero()
-        if not len(rows):
+        chosen = lay.split_table.take(_split_candidates(first, end), axis=1)
+        if not chosen.shape[1]:
             return None
-        splits, rounds = SPLIT_VALUES[split], lay.split_rounds[rows, split]
-        t = t.take(rows, splits)
+        rows, split_cols = chosen[0], chosen[1:]
+        t = t.take(rows, split_cols[0])
     elif not np.count_nonzero(legal):
         return None
     m_side, n_side, made = (a if rows is None else a.take(rows, axis=1) for a in (r.m_side, r.by_n.counts, r.made))
-    slots, wave_slots, pair_n, pair_m, class_of = lay.per_row if rows is None else lay.per_row.take(rows, axis=1)
-    num_m, _, _, _, _, wide, a_groups = m_side
-    num_n, grid_n, _, b_groups = n_side
-    tiles, units, b_reads = made
+    per_row = lay.per_row if rows is None else lay.per_row.take(rows, axis=1)
+    # (rows indexed, not unpacked: see `_splitk_terms`)
+    slots, wave_slots, pair_n, pair_m, class_of = per_row[0], per_row[1], per_row[2], per_row[3], per_row[4]
+    num_m, wide, a_groups = m_side[0], m_side[5], m_side[6]
+    num_n, grid_n, b_groups = n_side[0], n_side[1], n_side[3]
+    tiles, units, b_reads = made[0], made[1], made[2]
     if r.tiling.wide is None:
         wide = None
     til = _Tiling(num_m, num_n, tiles, units, None, None, None, None, slots, wave_slots, wide)
-    w = _wave_terms(device, t, til, r.k_blocks, wide is not None, False, splits, rounds, legal)
+    w = _wave_terms(device, t, til, r.k_blocks, wide is not None, False, split_cols, legal)
     # M enters the shared-line term through its m block counts and, for an M-major A of one
     # grain, ceil(M / 8) (`_requests_per_line`): the same for every M of any other grain.
     floor, groups = None, (a_groups, b_groups)
     if m_grains > 1 or kind[2] == "K":
         floor, groups = np.maximum(w.fixed, _shared_line_clk(like, w.active, *groups)), None
-    a_moves = np.ones((3, len(class_of)))
-    a_moves[1] = grid_n
-    a_moves[0] = a_moves[1] * pair_n
+    a_moves = np.array((grid_n * pair_n, grid_n), dtype=float)
     b_moved = np.array((b_reads * pair_m, b_reads, r.by_n.b_dram if rows is None else r.by_n.b_dram[rows]), dtype=float)
     return _Skeleton(lay, t, w, class_of, a_moves, b_moved, floor, groups, {})
 
@@ -1666,27 +1708,30 @@ def _swap_ranked(problem: Problem, device: DeviceSpec, t: Tiles, c: dict, tries:
     return out
 
 
-SWAP_MAX_BLOCK_M = 128  # see `_plain_costs`
+SWAP_MAX_BLOCK_M = 128  # see `_runs_swapped`
+
+
+def _runs_swapped(t: Tiles, lay: _Layouts) -> np.ndarray:
+    """Where the candidates `t` (of the layouts `lay`) can run swapped, whatever the shape:
+    unsplit, no B-tail variant (a layout row from `lay.staged` on), tiles of SWAP_MAX_BLOCK_M
+    kernel rows at most. The model prices 256-row tiles below their measured times in either
+    orientation; swapped, they lost to the unswapped choice on the H200 (bf16, us, N = K =
+    4096): m256n112 ran M = 896 in 51.1 against 44.9 for m128n256, m256n128 M = 1024 in 52.3
+    against 46.0, and m256n80 M = 640 in 34.3 against 31.8 for the swapped m128n160."""
+    return (t.split_k == 1) & (t.origin < lay.staged) & (t.block_m <= SWAP_MAX_BLOCK_M)
 
 
 @functools.lru_cache(maxsize=64)
-def _plain_tiles(device: DeviceSpec, kind: tuple) -> tuple[np.ndarray, Tiles]:
-    """(the rows of the `_Layouts` of `kind` that could run swapped, whatever the shape: layouts
-    of SWAP_MAX_BLOCK_M rows at most, no B tail; their `Tiles`), for a plain `_skeleton`."""
+def _swappable(device: DeviceSpec, kind: tuple) -> np.ndarray:
+    """`_runs_swapped` of every layout of `kind`, for a plain `_skeleton`."""
     lay = _layouts(device, *kind)
-    rows = (lay.tiles.block_m[: lay.staged] <= SWAP_MAX_BLOCK_M).nonzero()[0]
-    return rows, lay.tiles.take(rows)
+    return _runs_swapped(lay.tiles, lay)
 
 
 def _plain_costs(t: Tiles, lay: _Layouts, c: dict) -> dict:
-    """`costs` `c` of the candidates `t` with those that do not run swapped at infinity: split,
-    a B-tail variant (a layout row from `lay.staged` on), and tiles of more than
-    SWAP_MAX_BLOCK_M kernel rows. The model prices 256-row tiles below their measured times in
-    either orientation; swapped, they lost to the unswapped choice on the H200 (bf16, us, N = K
-    = 4096): m256n112 ran M = 896 in 51.1 against 44.9 for m128n256, m256n128 M = 1024 in 52.3
-    against 46.0, and m256n80 M = 640 in 34.3 against 31.8 for the swapped m128n160."""
-    plain = (t.split_k == 1) & (t.origin < lay.staged) & (t.block_m <= SWAP_MAX_BLOCK_M)
-    return {**c, "cost": np.where(plain, c["cost"], np.inf)}
+    """`costs` `c` of the candidates `t` with those that do not run swapped (`_runs_swapped`)
+    at infinity."""
+    return {**c, "cost": np.where(_runs_swapped(t, lay), c["cost"], np.inf)}
 
 
 def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:

@@ -201,12 +201,14 @@ def _walk_footprint(grouped: tuple, walked: tuple, group: int, slots: int, total
     per_group = group * w_units
     last_block = g_blocks - 1
     acc = 0
+    # (The minima below are conditional expressions: the builtin min costs several times more,
+    # a sizeable part of a first selection.)
     for start in range(0, waves * slots, slots):
-        last = min(start + slots, total) - 1
+        last = (start + slots if start + slots < total else total) - 1
         g0, g1 = start // per_group, last // per_group
         p0, p1 = start - g0 * per_group, last - g1 * per_group
         base0 = g0 * group
-        r0 = min(group, g_units - base0)  # grouped units of the first position's group
+        r0 = group if group < g_units - base0 else g_units - base0  # grouped units of the first position's group
         c0 = p0 // r0
         # Grouped side: the units lo..hi, and lo2..hi2 when the wave wraps inside a group (else
         # none: lo2 > hi2).
@@ -219,21 +221,28 @@ def _walk_footprint(grouped: tuple, walked: tuple, group: int, slots: int, total
                 lo, hi = base0 + p0 - c0 * r0, base0 + p1 - c1 * r0
                 if lo > hi:  # wraps: to the group's end, then from its start
                     lo2, hi2, hi = base0, hi, base0 + r0 - 1
-            walked_n = (min(2 * c1 + 1, w_blocks - 1) - 2 * c0 + 1) if w_paired else c1 - c0 + 1  # columns c0..c1
+            if w_paired:  # columns c0..c1
+                walked_n = (2 * c1 + 1 if 2 * c1 + 1 < w_blocks - 1 else w_blocks - 1) - 2 * c0 + 1
+            else:
+                walked_n = c1 - c0 + 1
         else:
             base1 = g1 * group
-            r1 = min(group, g_units - base1)
+            r1 = group if group < g_units - base1 else g_units - base1
             c1 = p1 // r1
             lo = base0 if r0 * w_units - p0 >= r0 else base0 + p0 - c0 * r0
             hi = base1 + r1 - 1 if p1 + 1 >= r1 else base1 + p1 - c1 * r1
             if g1 - g0 >= 2 or c1 >= c0 - 1:
                 walked_n = w_blocks  # every column
             elif w_paired:  # columns c0.. and ..c1
-                walked_n = (w_blocks - 1 - 2 * c0 + 1) + (min(2 * c1 + 1, w_blocks - 1) + 1)
+                walked_n = (w_blocks - 1 - 2 * c0 + 1) + (
+                    (2 * c1 + 1 if 2 * c1 + 1 < w_blocks - 1 else w_blocks - 1) + 1
+                )
             else:
                 walked_n = (w_units - c0) + (c1 + 1)
         if g_paired:
-            grouped_n = min(2 * hi + 1, last_block) - 2 * lo + min(2 * hi2 + 1, last_block) - 2 * lo2 + 2
+            hi_block = 2 * hi + 1 if 2 * hi + 1 < last_block else last_block
+            hi2_block = 2 * hi2 + 1 if 2 * hi2 + 1 < last_block else last_block
+            grouped_n = hi_block - 2 * lo + hi2_block - 2 * lo2 + 2
         else:
             grouped_n = hi - lo + hi2 - lo2 + 2
         acc += grouped_n * g_size + walked_n * w_size
