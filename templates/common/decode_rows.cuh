@@ -7,8 +7,8 @@
 // lane l loads the l-th aligned 16-byte unit from the one holding the strip's first column;
 // lanes 0..30 take the next unit from lane l + 1 and realign the pair by the row's byte offset,
 // the same across the warp (`shifted`), into their 8 columns (lane 31 only loads: an extra unit
-// of its own would cost every lane its registers). ROWS_IN_FLIGHT rows are loaded before any
-// is used. The products are fp32 FMAs on the CUDA cores (M <= 4 leaves the loads the
+// of its own would cost every lane its registers). ROWS_IN_FLIGHT rows (6 for 3 or 4 rows of a)
+// are loaded before any is used. The products are fp32 FMAs on the CUDA cores (M <= 4 leaves the loads the
 // bottleneck). A block's warps are consecutive splits of one strip (a group): their sums are
 // added in shared memory, and the group's written to the workspace; the last group of a strip
 // to finish (a counter per strip, reset by it) adds the groups and writes the strip's outputs.
