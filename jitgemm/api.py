@@ -431,6 +431,12 @@ def _aligns(views: tuple, staged: tuple, out_direct: bool, odt: str) -> tuple:
     return a_align, b_align, DTYPE_BYTES[odt] - 1 if out_direct else _MISALIGNED
 
 
+def _plannable(key, lib, views: tuple) -> bool:
+    """Whether a call may keep a plan under `key`: keyed (a lean-path library's call), and
+    every array of that one library (None: not given)."""
+    return key is not None and lib.fast and all(v.lib is lib for v in views if v is not None)
+
+
 def _remember(key, plan: _Plan) -> None:
     with _plans_lock:
         if key not in _plans and len(_plans) >= PLAN_CACHE_SIZE:
@@ -802,7 +808,7 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decisi
         call = _decode_launch(d, va, vb, vo, vc, alpha, beta, dev, handle)
         if call is not None:
             call()
-            if plan_key is not None and lib.fast and all(v.lib is lib for v in (va, vb, vc, vo) if v is not None):
+            if _plannable(plan_key, lib, (va, vb, vc, vo)):
                 operands = (va, vb, vo if out_given else None, vc)
                 aligns = (va.itemsize - 1, vb.itemsize - 1, DTYPE_BYTES[odt] - 1)
                 _remember(plan_key, _Plan(lib, call, dev, handle, out_shape, odt, operands, d.has_c, aligns))
@@ -847,12 +853,10 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decisi
     if vd is not vo:
         vo.lib.copy_(vo, vd, handle)
     elif (
-        plan_key is not None
-        and not d.c_copy
+        not d.c_copy
         and (staged[0] is not None or not d.a_copy)
         and (staged[1] is not None or not d.b_copy)
-        and lib.fast
-        and all(v.lib is lib for v in (va, vb, vc, vo) if v is not None)
+        and _plannable(plan_key, lib, (va, vb, vc, vo))
     ):
         operands = (va, vb, vo if out_given else None, vc)
         aligns = _aligns(operands, staged, d.cfg.out_direct, odt)
@@ -863,15 +867,12 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decisi
 def _decode_launch(d: _Decision, va: View, vb: View, vd: View, vc: View | None, alpha, beta, dev: int, stream: int):
     """The decode kernel's launch (decode.py) for these views, or None where the kernel cannot
     be had now (met first inside a capture, or not in the disk cache under JITGEMM_OFFLINE=1)."""
-    arch = device_spec(dev).arch
-    if not decode.KERNEL.is_loaded(arch, dev) and launch.stream_is_capturing(stream):
-        return None
-    try:
-        kernel = decode.KERNEL.get(arch, dev)
-    except kernels.OfflineError:
+    spec = device_spec(dev)
+    kernel = decode.KERNEL.get_unless_blocked(spec.arch, dev, stream)
+    if kernel is None:
         return None
     vc_k = vc if d.has_c else None
-    return decode.DecodeLaunch(kernel, va, vb, vd, vc_k, alpha, beta, device_spec(dev).num_sms, dev, stream)
+    return decode.DecodeLaunch(kernel, va, vb, vd, vc_k, alpha, beta, spec.num_sms, dev, stream)
 
 
 def _staged_operands(d: _Decision, va: View, vb: View, dev: int, stream: int) -> tuple:
@@ -884,12 +885,7 @@ def _staged_operands(d: _Decision, va: View, vb: View, dev: int, stream: int) ->
     )
     if staged == (None, None):
         return staged
-    arch = d.cfg.arch
-    if not staging.KERNEL.is_loaded(arch, dev) and launch.stream_is_capturing(stream):
-        return None, None
-    try:
-        staging.KERNEL.get(arch, dev)
-    except kernels.OfflineError:
+    if staging.KERNEL.get_unless_blocked(d.cfg.arch, dev, stream) is None:
         return None, None
     return staged
 

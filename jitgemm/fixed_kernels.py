@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from . import compiler, context, kernels, runtime
+from . import compiler, context, kernels, launch, runtime
 from .cache import CacheResult, cache_key
 from .render import TEMPLATES
 
@@ -40,6 +40,17 @@ class FixedKernel:
                 context.make_current(ordinal)
                 found = self._loaded[key] = runtime.load_kernel(cubin, self.name, 0, self.threads, 1, True)
         return found
+
+    def get_unless_blocked(self, arch: str, ordinal: int, stream: int) -> runtime.LoadedKernel | None:
+        """`get`, or None where the kernel cannot be had now: met first inside a CUDA-graph
+        capture on `stream` (loading cannot be captured), or not in the disk cache under
+        JITGEMM_OFFLINE=1. The caller then does without it."""
+        if not self.is_loaded(arch, ordinal) and launch.stream_is_capturing(stream):
+            return None
+        try:
+            return self.get(arch, ordinal)
+        except kernels.OfflineError:
+            return None
 
     def build(self, arch: str) -> CacheResult:
         """The kernel for `arch`, from the disk cache or compiled (needs no GPU; `jitgemm
