@@ -1,5 +1,6 @@
 """Operands TMA cannot read in place, staged: one small kernel per call copies A and B (either or
-both) into rows of whole 16-byte units in the launch's workspace (reused across calls on a
+both) into rows of whole 16-byte units (whole 128-byte lines where that pads a row by at most
+an eighth: geometry.staged_pitch) in the launch's workspace (reused across calls on a
 stream, and owned by the graph in a capture; see launch.py), and the GEMM's tensor maps point
 there. No allocation and no descriptor encoding per call: a call seen before patches the
 operands' addresses into the staging launch as it does into the GEMM's maps.
@@ -17,6 +18,7 @@ from typing import NamedTuple
 from . import runtime
 from .arrays import TMA_ALIGN, View
 from .fixed_kernels import FixedKernel
+from .geometry import staged_pitch
 
 KERNEL_NAME = "jitgemm_stage_operands"
 THREADS = 256  # the kernel's __launch_bounds__
@@ -35,7 +37,7 @@ PLACEHOLDER_ADDRESS = 1 << 40
 class StagedOperand(NamedTuple):
     """How one operand is staged: `outer` rows of `inner` elements with dimension `major` of the
     view innermost, element (o, i) at o * src_outer + i * src_inner of the caller's array,
-    into rows of `pitch` elements (whole 16-byte units)."""
+    into rows of `pitch` elements (`geometry.staged_pitch`)."""
 
     major: int  # the view's dimension that is innermost in the staged rows
     outer: int
@@ -62,7 +64,7 @@ def staged_operand(view: View, major: int) -> StagedOperand | None:
     if view.strides is None or view.itemsize != ITEMSIZE or view.ptr % ITEMSIZE:
         return None
     inner, outer = view.shape[major], view.shape[1 - major]
-    pitch = -(-inner // UNIT_ELEMENTS) * UNIT_ELEMENTS
+    pitch = staged_pitch(inner * ITEMSIZE) // ITEMSIZE
     if outer * pitch // UNIT_ELEMENTS >= MAX_UNITS:
         return None
     return StagedOperand(major, outer, inner, view.strides[1 - major], view.strides[major], pitch)

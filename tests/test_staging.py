@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jitgemm import compiler, staging
-from jitgemm.arrays import View
+from jitgemm import compiler, geometry, staging
+from jitgemm.arrays import TMA_ALIGN, View
 from jitgemm.render import TEMPLATES
 from jitgemm.sass import find_tool, inspect_cubin
 
@@ -25,8 +25,8 @@ def view(shape, strides, ptr=1 << 20):
 @pytest.mark.parametrize(
     "shape, strides, major, expected",
     [
-        # row-major, K = 1001 odd: rows of 1001 elements into rows of 1008
-        ((300, 1001), (1001, 1), 1, (1, 300, 1001, 1001, 1, 1008)),
+        # row-major, K = 1001 odd: rows of 1001 elements into rows of whole lines, 1024
+        ((300, 1001), (1001, 1), 1, (1, 300, 1001, 1001, 1, 1024)),
         # a transposed view read M-major: 1001 rows of M = 257 elements, padded to 264
         ((257, 1001), (1, 257), 0, (0, 1001, 257, 257, 1, 264)),
         # no unit stride: gathered element by element, rows of the kernel's major
@@ -79,6 +79,21 @@ def test_the_host_sizes_the_grid_with_the_kernels_constants():
     assert f"__launch_bounds__({staging.THREADS})" in source
 
 
+@pytest.mark.parametrize(
+    "row_bytes, pitch",
+    [(2002, 2048), (514, 528), (140, 144), (38286, 38400), (1016, 1024), (900, 912), (8192, 8192), (18, 32)],
+)
+def test_staged_rows_are_whole_lines_where_that_pads_them_by_an_eighth_at_most(row_bytes, pitch):
+    assert geometry.staged_pitch(row_bytes) == pitch
+    assert pitch % TMA_ALIGN == 0 and row_bytes <= pitch <= row_bytes * 9 // 8 + 15
+    # whole lines, or no more lines than whole units
+    assert pitch % 128 == 0 or -(-row_bytes // 128) * 128 - row_bytes > row_bytes / 8
+
+
+def test_the_row_unit_is_tmas():
+    assert geometry.ROW_UNIT_BYTES == TMA_ALIGN
+
+
 def test_the_launch_packs_one_parameter_with_each_operands_grid():
     from jitgemm import runtime
 
@@ -88,8 +103,8 @@ def test_the_launch_packs_one_parameter_with_each_operands_grid():
     launch = staging.StageLaunch(kernel, (a, b), 7)
     assert len(launch.params) == 1 and launch.params[0] == ctypes.addressof(launch.copies)
     packed = [(c.outer, c.inner, c.src_outer, c.src_inner, c.pitch_units) for c in launch.copies]
-    assert packed == [(1, 19143, 19143, 1, 2393), (19143, 70, 70, 1, 9)]
-    assert [(c.units, c.blocks) for c in launch.copies] == [(2393, 10), (19143 * 9, 264)]
+    assert packed == [(1, 19143, 19143, 1, 2400), (19143, 70, 70, 1, 9)]
+    assert [(c.units, c.blocks) for c in launch.copies] == [(2400, 10), (19143 * 9, 264)]
     cfg = launch.config
     assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX) == (274, 1, 1, staging.THREADS)
     assert staging.StageLaunch(kernel, (a, None), 7).copies[1].blocks == 0  # no blocks for B
@@ -119,4 +134,6 @@ def test_every_unit_is_written_once(units):
 def test_operands_of_2_to_the_31_units_are_not_staged():
     """The kernel counts units in 32 bits: larger operands are copied by their library."""
     assert staging.staged_operand(view((2**17, 2**17 + 1), (2**17 + 1, 1)), 1) is None
-    assert staging.staged_operand(view((2**17, 2**17 - 9), (2**17 - 9, 1)), 1) is not None
+    # rows padded to whole lines: 2**17 - 9 elements take 2**14 units a row, 2**17 - 72 one line less
+    assert staging.staged_operand(view((2**17, 2**17 - 9), (2**17 - 9, 1)), 1) is None
+    assert staging.staged_operand(view((2**17, 2**17 - 72), (2**17 - 72, 1)), 1) is not None
