@@ -30,10 +30,23 @@ def test_defaults(sweep):
     assert sweep.parse_args(["--smoke", "--count", "12"]).count == 12
 
 
-@pytest.mark.parametrize("bad", [["--count", "0"], ["--rounds", "0"], ["--max-work", "1e6"]])
+@pytest.mark.parametrize("bad", [["--count", "0"], ["--rounds", "0"], ["--max-work", "1e6"], ["--jobs", "0"]])
 def test_bad_arguments(sweep, bad):
     with pytest.raises(SystemExit):
         sweep.parse_args(bad)
+
+
+def test_the_kernels_are_compiled_up_front_into_the_cache(sweep, tmp_cache):
+    from jitgemm import heuristics, kernels
+    from jitgemm.heuristics import DeviceSpec
+
+    h200 = DeviceSpec("sm_90a", 132)
+    plist = sweep.problems(7, 4, max_work=2e10)
+    built, seconds = sweep.compile_kernels(plist, h200, 2)
+    names = {heuristics.select(sweep.kernel_problem(p), h200).name for p in plist}
+    assert built == len(names) >= 1 and seconds > 0
+    cache = kernels.default_cache()
+    assert all(kernels.build(heuristics.select(sweep.kernel_problem(p), h200), cache).cache.hit for p in plist)
 
 
 def test_list_needs_no_gpu(sweep, capsys):
