@@ -553,7 +553,7 @@ def compile_kernels(plist: list[Problem], device, jobs: int) -> tuple[int, float
 
     start = time.perf_counter()
     configs = {cfg.name: cfg for cfg in (heuristics.select(kernel_problem(p), device) for p in plist)}
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(kernels.build, configs.values()))
     return len(configs), time.perf_counter() - start
 
