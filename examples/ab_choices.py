@@ -1,7 +1,8 @@
 """Time the configs two commits' heuristics choose, side by side on one GPU: a heuristics change
 judged by measurement, not by its own model.
 
-    python examples/ab_choices.py --ref main [--seed S] [--count 300] [--rounds 7] [--json FILE]
+    python examples/ab_choices.py --ref main [--seed S] [--count 300] [--rounds 7] [--calls-per-graph 20]
+                                  [--json FILE]
     python examples/ab_choices.py --ref main --list      # the problems whose choice differs; no GPU
     python examples/ab_choices.py --ref-tree DIR [...]   # the reference is a directory holding a tree
     python examples/ab_choices.py --shapes FILE [...]    # these problems instead of a sweep seed's
@@ -15,8 +16,8 @@ on disk, for a machine without the git history). Every problem whose two configs
 then run with each config forced (gemm's config=), on the same fresh random operands rotated
 over enough copies to defeat L2, both results checked into NaN-poisoned outputs against float64
 with the sweep's elementwise bound; its time is the median of --rounds replays of a CUDA graph
-of 20 calls (examples/benchmark.py's helpers), the two configs' rounds interleaved, the first
-alternating.
+of 20 calls (--calls-per-graph; 1 times lone calls; examples/benchmark.py's helpers), the two
+configs' rounds interleaved, the first alternating.
 
 Prints each differing problem with both times and ratio = ref / this (above 1: this
 checkout's choice is faster), then the geomean of the ratios, how many are faster or slower by
@@ -58,14 +59,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=1, help="the sweep seed of the problems [1]")
     ap.add_argument("--count", type=int, default=300, help="problems drawn [300]")
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds of each config [7]")
+    ap.add_argument(
+        "--calls-per-graph",
+        type=int,
+        default=20,
+        help="calls in each timed CUDA graph [20]; 1 times lone calls (examples/sweep.py's docstring)",
+    )
     ap.add_argument("--arch", default="sm_90a", help="the arch the heuristics choose for [sm_90a]")
     ap.add_argument("--num-sms", type=int, default=132, help="its SM count [132, the H200's]")
     ap.add_argument("--json", help="write every differing problem's row here")
     ap.add_argument("--list", action="store_true", help="list the problems whose choice differs; no GPU")
     ap.add_argument("--dump", help=argparse.SUPPRESS)  # internal: write this tree's choices here
     args = ap.parse_args(argv)
-    if args.count < 1 or args.rounds < 1:
-        ap.error("--count and --rounds must be at least 1")
+    if args.count < 1 or args.rounds < 1 or args.calls_per_graph < 1:
+        ap.error("--count, --rounds and --calls-per-graph must be at least 1")
     if args.ref_tree is not None:
         if not (Path(args.ref_tree) / "jitgemm" / "__init__.py").is_file():
             ap.error(f"--ref-tree {args.ref_tree}: no jitgemm package there")
@@ -144,7 +151,7 @@ def summary(rows: list[dict]) -> dict:
     }
 
 
-def measure(sweep_mod, s, index: int, p, cfg_ref, cfg_new, rounds: int) -> dict:
+def measure(sweep_mod, s, index: int, p, cfg_ref, cfg_new, rounds: int, graph_calls: int) -> dict:
     """Both configs on problem `p` (the sweep's `index`-th): checked, then timed interleaved."""
     torch, bm = s.torch, s.bm
     beta = sweep_mod.BETA
@@ -171,11 +178,11 @@ def measure(sweep_mod, s, index: int, p, cfg_ref, cfg_new, rounds: int) -> dict:
         row[f"{side}_error"] = s.errors([(out, p.out_dtype)], a0, b0, c0)[0]
     if not (row["ref_error"] <= 1.0 and row["new_error"] <= 1.0):
         return row
-    graphs = {side: bm.graph_of(fn, copies) for side, fn in calls.items()}
+    graphs = {side: bm.graph_of(fn, copies, graph_calls) for side, fn in calls.items()}
     times: dict = {"ref": [], "new": []}
     for r in range(rounds):
         for side in ("ref", "new") if r % 2 == 0 else ("new", "ref"):
-            times[side].append(bm.time_graph(graphs[side]))
+            times[side].append(bm.time_graph(graphs[side], graph_calls))
     row["ref_us"], row["us"] = statistics.median(times["ref"]), statistics.median(times["new"])
     row["ratio"] = row["ref_us"] / row["us"]
     return row
@@ -205,7 +212,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", category=s.jitgemm.FallbackCopyWarning)
     rows, wrong = [], 0
     for i, a, b in pairs:
-        row = measure(sweep_mod, s, i, plist[i], a, b, args.rounds)
+        row = measure(sweep_mod, s, i, plist[i], a, b, args.rounds, args.calls_per_graph)
         rows.append(row)
         if "ratio" not in row:
             wrong += 1
@@ -221,6 +228,7 @@ def main(argv=None) -> int:
         "seed": args.seed,
         "shapes": args.shapes,
         "count": len(plist),
+        "calls_per_graph": args.calls_per_graph,
         "summary": summary(rows),
         "rows": rows,
     }

@@ -64,8 +64,8 @@ def gpu_state():
         return {"name": torch.cuda.get_device_name()}
 
 
-def graph_of(fn, copies):
-    """A CUDA graph of CALLS_PER_GRAPH calls of fn, rotating through the input copies."""
+def graph_of(fn, copies, calls=CALLS_PER_GRAPH):
+    """A CUDA graph of `calls` calls of fn, rotating through the input copies."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -74,18 +74,19 @@ def graph_of(fn, copies):
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for i in range(CALLS_PER_GRAPH):
+        for i in range(calls):
             fn(*copies[i % len(copies)])
     return graph
 
 
-def time_graph(graph):
+def time_graph(graph, calls=CALLS_PER_GRAPH):
+    """Microseconds per call of one replay of `graph`, a graph of `calls` calls."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) * 1e3 / CALLS_PER_GRAPH  # microseconds per call
+    return start.elapsed_time(end) * 1e3 / calls
 
 
 def copy_bandwidth():

@@ -3,7 +3,7 @@ item 1: "a sweep that keeps everyone honest").
 
     python examples/sweep.py [--seed S] [--count 300] [--json FILE] [--markdown FILE]
                              [--rounds 15] [--max-work 2e12] [--max-seconds T] [--worst 15]
-                             [--smoke] [--list]
+                             [--calls-per-graph 20] [--smoke] [--list]
 
 The problems (`draw`, deterministic per seed; `--list` prints them without a GPU):
 
@@ -34,7 +34,10 @@ Each problem gets fresh random normal operands in its layout, rotated over enoug
 make the working set at least 512 MB (at least 2 copies; examples/benchmark.py's rule and
 helpers: graph_of, time_graph, gpu_state, copy_bandwidth). jitgemm and cuBLAS each replay a
 CUDA graph of 20 back-to-back calls per round (launch overhead excluded), rounds interleaved
-(the first library alternates), --rounds of each, the per-call median reported. The ratio is
+(the first library alternates), --rounds of each, the per-call median reported. Back to back, a
+programmatic launch lets the next GEMM hide part of a two-wave kernel's tail; --calls-per-graph
+1 times lone calls instead, as a server that synchronises after each call sees them (each round
+then includes one graph launch, for both libraries alike). The ratio is
 cuBLAS time / jitgemm time (above 1: jitgemm faster). The operands are what a user passes:
 where TMA cannot read one in place (a row of N or K, or of M for a transposed A, that is not a
 whole number of 16-byte units), jitgemm copies it on every call, inside the timed graph, and
@@ -116,6 +119,7 @@ MAX_WORK = 2e12  # FLOP-equivalents of one call (see work())
 FLOPS_PER_BYTE = 200  # a byte moved counts as this many FLOPs (about the H200's ridge point)
 MAX_REDRAWS = 10_000
 SMOKE_COUNT, SMOKE_ROUNDS, SMOKE_MAX_WORK = 8, 3, 2e10
+DEFAULT_CALLS_PER_GRAPH = 20  # examples/benchmark.py's
 M_CLASSES = (("decode", 64), ("small", 512), ("medium", 4096), ("large", M_RANGE[1]))
 EPILOGUES = ("plain", "C", "fp32", "fp32 + C")
 
@@ -257,7 +261,7 @@ EST_FP64_FLOPS = 40e12  # the float64 reference
 EST_OVERHEAD_S = 0.3  # per problem: operands, two graph captures, checks' host work
 
 
-def estimated_seconds(plist: list[Problem], rounds: int, calls_per_graph: int = 20) -> float:
+def estimated_seconds(plist: list[Problem], rounds: int, calls_per_graph: int = DEFAULT_CALLS_PER_GRAPH) -> float:
     """A rough H200 estimate of a run's time, kernel compiles excluded: per problem both
     libraries' warm-up, checks and timed rounds, jitgemm's graph check, two float64 references
     (product and magnitudes each), and a fixed overhead."""
@@ -507,6 +511,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--max-seconds", type=float, help="start no new problem after this many seconds")
     parser.add_argument(
+        "--calls-per-graph",
+        type=int,
+        default=DEFAULT_CALLS_PER_GRAPH,
+        help=f"calls in each timed CUDA graph [{DEFAULT_CALLS_PER_GRAPH}]; 1 times lone calls (see the docstring)",
+    )
+    parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="threads compiling the kernels up front [the CPUs]"
     )
     parser.add_argument("--worst", type=int, default=15, help="the worst problems listed per group [15]")
@@ -526,6 +536,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--max-work must be at least 1e8 (the smallest problems need about 2e6)")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
+    if args.calls_per_graph < 1:
+        parser.error("--calls-per-graph must be at least 1")
     args.seed_given = args.seed is not None
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
@@ -578,7 +590,7 @@ def git_commit() -> tuple[str | None, bool | None]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     plist, redraws = draw(args.seed, args.count, args.max_work)
-    est = estimated_seconds(plist, args.rounds)
+    est = estimated_seconds(plist, args.rounds, args.calls_per_graph)
     print(
         f"seed {args.seed}{'' if args.seed_given else ' (drawn; pass --seed to repeat)'}: {len(plist)} problems, "
         f"{redraws} draws redrawn above {args.max_work:.3g} FLOP-equivalents "
@@ -783,12 +795,13 @@ class Sweep:
             return row
 
         # the timing: interleaved rounds, the first library alternating
-        g_jit, g_ref = bm.graph_of(jit, copies), bm.graph_of(ref, copies)
+        graph_calls = self.args.calls_per_graph
+        g_jit, g_ref = bm.graph_of(jit, copies, graph_calls), bm.graph_of(ref, copies, graph_calls)
         t_jit, t_ref = [], []
         for r in range(self.args.rounds):
             pair = ((g_jit, t_jit), (g_ref, t_ref))
             for graph, times in pair if r % 2 == 0 else pair[::-1]:
-                times.append(bm.time_graph(graph))
+                times.append(bm.time_graph(graph, graph_calls))
 
         # the graph that was timed computes the GEMM: poison (or restore) the first copy, replay
         if p.has_c:
@@ -797,7 +810,7 @@ class Sweep:
             out0.fill_(float("nan"))
         g_jit.replay()
         torch.cuda.synchronize()
-        calls = calls_on_first_copy(bm.CALLS_PER_GRAPH, n_copies)
+        calls = calls_on_first_copy(graph_calls, n_copies)
         row["checks"]["jitgemm_graph"] = self.errors([(out0, p.out_dtype)], a0, b0, c0, calls)[0]
         row["passed"] = row["checks"]["jitgemm_graph"] <= 1.0
         del g_jit, g_ref, copies
@@ -861,7 +874,7 @@ class Sweep:
             "flops_per_byte": FLOPS_PER_BYTE,
             "redraws": redraws,
             "rounds": args.rounds,
-            "calls_per_graph": bm.CALLS_PER_GRAPH,
+            "calls_per_graph": self.args.calls_per_graph,
             "l2_defeat_bytes": bm.L2_DEFEAT_BYTES,
             "beta": BETA,
             "compiled_up_front": {"kernels": built, "seconds": seconds, "jobs": args.jobs},

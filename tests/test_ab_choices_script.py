@@ -48,7 +48,7 @@ def test_the_choices_are_those_of_select(ab):
     assert [KernelConfig.from_dict(c) for c in got] == want
 
 
-@pytest.mark.parametrize("bad", [["--count", "0"], ["--rounds", "0"]])
+@pytest.mark.parametrize("bad", [["--count", "0"], ["--rounds", "0"], ["--calls-per-graph", "0"]])
 def test_bad_arguments(ab, bad):
     with pytest.raises(SystemExit):
         ab.parse_args(bad)

@@ -44,9 +44,11 @@ def test_the_check_is_the_gpu_tests_bound(sweep, dtype, out_dtype, with_c):
     assert mine == pytest.approx(theirs, rel=1e-9) and mine <= 1.0
 
 
-def test_sweep_smoke(tmp_path):
+@pytest.mark.parametrize("calls_per_graph", [20, 1])
+def test_sweep_smoke(tmp_path, calls_per_graph):
     """examples/sweep.py --smoke: 8 small problems (every layout, both dtypes, C, fp32 outputs,
-    unaligned N or K), every result checked before and after timing; a fresh process."""
+    unaligned N or K), every result checked before and after timing; a fresh process. Timed
+    back to back (graphs of 20 calls, the default) and as lone calls."""
     report = tmp_path / "sweep.json"
     done = subprocess.run(
         [
@@ -59,6 +61,8 @@ def test_sweep_smoke(tmp_path):
             str(report),
             "--markdown",
             str(tmp_path / "sweep.md"),
+            "--calls-per-graph",
+            str(calls_per_graph),
         ],
         capture_output=True,
         text=True,
@@ -69,6 +73,7 @@ def test_sweep_smoke(tmp_path):
     result = json.loads(report.read_text())
     rows = result["rows"]
     assert result["complete"] and len(rows) == result["count"] == 8
+    assert result["calls_per_graph"] == calls_per_graph
     assert result["failures"] == 0 and result["checked"] == 8
     for row in rows:
         assert row["passed"] and set(row["checks"]) >= {"jitgemm", "jitgemm_graph"}, row

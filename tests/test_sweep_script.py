@@ -22,7 +22,7 @@ def sweep():
 # ---------------------------------------------------------------- the command line
 def test_defaults(sweep):
     args = sweep.parse_args([])
-    assert (args.count, args.rounds, args.max_work, args.worst) == (300, 15, 2e12, 15)
+    assert (args.count, args.rounds, args.max_work, args.worst, args.calls_per_graph) == (300, 15, 2e12, 15, 20)
     assert isinstance(args.seed, int) and not args.seed_given  # a fresh seed, printed
     assert not (args.smoke or args.list or args.json or args.markdown or args.max_seconds)
     smoke = sweep.parse_args(["--smoke", "--seed", "4"])
@@ -30,7 +30,9 @@ def test_defaults(sweep):
     assert sweep.parse_args(["--smoke", "--count", "12"]).count == 12
 
 
-@pytest.mark.parametrize("bad", [["--count", "0"], ["--rounds", "0"], ["--max-work", "1e6"], ["--jobs", "0"]])
+@pytest.mark.parametrize(
+    "bad", [["--count", "0"], ["--rounds", "0"], ["--max-work", "1e6"], ["--jobs", "0"], ["--calls-per-graph", "0"]]
+)
 def test_bad_arguments(sweep, bad):
     with pytest.raises(SystemExit):
         sweep.parse_args(bad)
@@ -74,6 +76,8 @@ def test_the_problems_of_a_seed(sweep, seed):
     assert ps == sweep.problems(seed, 300)  # deterministic
     assert ps != sweep.problems(seed + 100, 300)
     assert sweep.estimated_seconds(ps, 15) < 4 * 60  # well under the issue's ~6 minutes
+    # lone calls (--calls-per-graph 1) run fewer GEMMs per round
+    assert sweep.estimated_seconds(ps, 15, 1) < sweep.estimated_seconds(ps, 15)
 
 
 def test_every_kind_is_there_in_a_small_draw(sweep):
