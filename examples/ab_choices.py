@@ -59,11 +59,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=1, help="the sweep seed of the problems [1]")
     ap.add_argument("--count", type=int, default=300, help="problems drawn [300]")
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds of each config [7]")
+    calls = _sweep().DEFAULT_CALLS_PER_GRAPH
     ap.add_argument(
         "--calls-per-graph",
         type=int,
-        default=20,
-        help="calls in each timed CUDA graph [20]; 1 times lone calls (examples/sweep.py's docstring)",
+        default=calls,
+        help=f"calls in each timed CUDA graph [{calls}]; 1 times lone calls (examples/sweep.py's docstring)",
     )
     ap.add_argument("--arch", default="sm_90a", help="the arch the heuristics choose for [sm_90a]")
     ap.add_argument("--num-sms", type=int, default=132, help="its SM count [132, the H200's]")

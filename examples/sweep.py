@@ -119,7 +119,7 @@ MAX_WORK = 2e12  # FLOP-equivalents of one call (see work())
 FLOPS_PER_BYTE = 200  # a byte moved counts as this many FLOPs (about the H200's ridge point)
 MAX_REDRAWS = 10_000
 SMOKE_COUNT, SMOKE_ROUNDS, SMOKE_MAX_WORK = 8, 3, 2e10
-DEFAULT_CALLS_PER_GRAPH = 20  # examples/benchmark.py's
+DEFAULT_CALLS_PER_GRAPH = 20  # examples/benchmark.py's CALLS_PER_GRAPH (that module needs torch to import)
 M_CLASSES = (("decode", 64), ("small", 512), ("medium", 4096), ("large", M_RANGE[1]))
 EPILOGUES = ("plain", "C", "fp32", "fp32 + C")
 
