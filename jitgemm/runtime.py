@@ -144,6 +144,7 @@ _TMA_DTYPES = {
     "fp32": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
 }
 _SWIZZLES = {
+    0: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
     32: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
     64: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
     128: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,

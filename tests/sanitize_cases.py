@@ -60,6 +60,8 @@ CASES = [
     ),
     ("c_epilogue", dict(block_n=128, num_stages=4, has_c=True, out_dtype="fp32"), (300, 333, 200), "row", "row", True),
     ("b_tail", dict(block_n=144, num_stages=4, b_tail=True), (300, 500, 200), "row", "row", False),
+    # one unswizzled output box per row block (176 = 11 x 16 columns), C read back from it
+    ("whole_row_box_c", dict(block_n=176, num_stages=3, has_c=True), (300, 500, 200), "row", "row", True),
     (
         "decode_a_rows",
         dict(block_m=64, num_consumers=1, block_n=64, num_stages=8, a_rows=8),

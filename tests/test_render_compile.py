@@ -223,7 +223,13 @@ def test_layout_arithmetic():
     assert lay.acc_regs == 128
     nn = layout_of(KernelConfig(block_n=208, b_major="N", num_stages=3))
     assert nn.b.num_pieces == 4 and nn.b.tile_bytes == 4 * 64 * 128  # MN-major: 64-wide pieces
-    assert nn.out_swizzle == 32 and nn.num_out_pieces == 13  # 208 = 13 x 16 columns
+    # 208 = 13 x 16 columns: one unswizzled box per row block, not 13 32-byte ones (out_staging),
+    # except for the direct epilogue; 96 = 3 x 32 keeps 64-byte boxes
+    assert nn.out_swizzle == 0 and nn.out_box == (208, 64) and nn.num_out_pieces == 1
+    assert nn.out_bytes == 2 * 64 * 208 * 2  # the same bytes as 13 boxes
+    direct = layout_of(KernelConfig(block_n=208, b_major="N", num_stages=3, out_direct=True))
+    assert direct.out_swizzle == 32 and direct.num_out_pieces == 13
+    assert layout_of(KernelConfig(block_n=96, num_stages=3)).out_box == (32, 64)
     decode = layout_of(KernelConfig(block_m=64, num_consumers=1, block_n=64, a_rows=8))
     assert decode.a.box == (64, 8) and decode.a.tile_bytes == 64 * 128  # loads 8 rows of 64
     assert decode.stage_tx_bytes == 8 * 128 + 64 * 128 and decode.stage_bytes == 2 * 64 * 128

@@ -172,7 +172,7 @@ class KernelLayout(NamedTuple):
     a: OperandLayout
     b: OperandLayout
     wg_m: int  # kernel rows of the tile each math warpgroup owns (64-row atoms)
-    out_swizzle: int  # bytes: 128, 64 or 32
+    out_swizzle: int  # bytes: 128, 64 or 32; 0 for one unswizzled box of the whole row (`out_staging`)
     out_piece_cols: int  # output columns per TMA store box
     out_box: tuple  # (out_piece_cols, rows): wg_m rows, or block_n with swap_ab
     out_bufs: int  # staging buffers (one store box each) per math warpgroup
@@ -260,6 +260,27 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
     return out
 
 
+TMA_BOX_MAX = 256  # elements along a TMA box dimension
+# Swizzles narrower than this give way to one unswizzled box of the whole row (`out_staging`).
+WHOLE_ROW_BELOW = 64
+
+
+def out_staging(out_cols: int, out_elem: int, direct: bool) -> tuple[int, int]:
+    """(swizzle bytes, columns per box) of the staged output rows of `out_cols` elements: the
+    widest swizzle whose row of elements divides the columns, so that store boxes never spill
+    into the neighbouring tile; but a row that only 32-byte boxes divide (16-bit output 48, 80,
+    ..., 240 wide) is one unswizzled box, where TMA writes each row in one request, not in
+    16-column pieces (issue 19: such tiles measured 4-11% slower than the cost model put them
+    against tiles storing 128-byte boxes). The staging bytes are the same; the epilogue's
+    stores into them conflict 2-way in the banks. The direct epilogue (out_direct) keeps the
+    pieces: its warpgroup's threads split a box row into runs evenly. A row of one box keeps its
+    swizzle (conflict-free stores)."""
+    swizzle = next(s for s in (128, 64, 32) if out_cols % (s // out_elem) == 0)
+    if swizzle < WHOLE_ROW_BELOW and swizzle < out_cols * out_elem <= TMA_BOX_MAX * out_elem and not direct:
+        return 0, out_cols
+    return swizzle, swizzle // out_elem
+
+
 def epilogue_buffers(pieces: int, has_c: bool, fits) -> int:
     """Staging buffers per math warpgroup for an output row block of `pieces` store boxes, used
     as a ring: all of them when they fit (`fits(bufs)`) or C is read (its tile lands whole, in
@@ -291,15 +312,12 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     wg_m = cfg.block_m // cfg.num_consumers
     # A math warpgroup stores D rows x columns of: wg_m x block_n, or (swap_ab) block_n x wg_m.
     out_rows, out_cols = (cfg.block_n, wg_m) if cfg.swap_ab else (wg_m, cfg.block_n)
-    # Widest swizzle whose row of elements divides the columns, so that store boxes never spill
-    # into the neighbouring tile.
-    out_swizzle = next(s for s in (128, 64, 32) if out_cols % (s // out_elem) == 0)
-    out_piece_cols = out_swizzle // out_elem
+    out_swizzle, out_piece_cols = out_staging(out_cols, out_elem, cfg.out_direct)
     stage_bytes = a.tile_bytes + b.tile_bytes
     fixed = pipeline_bytes(stage_bytes, cfg.num_stages, cfg.num_consumers)
 
     def staging(bufs: int) -> int:  # rounded to the swizzle atom: every TMA box starts 1024-aligned
-        return -(-cfg.num_consumers * bufs * out_rows * out_swizzle // SWIZZLE_ATOM) * SWIZZLE_ATOM
+        return -(-cfg.num_consumers * bufs * out_rows * out_piece_cols * out_elem // SWIZZLE_ATOM) * SWIZZLE_ATOM
 
     out_bufs = epilogue_buffers(
         out_cols // out_piece_cols, cfg.has_c, lambda bufs: fixed + staging(bufs) <= SMEM_CAPACITY
