@@ -164,6 +164,25 @@ def _side_rule(multicast: str) -> str:
     return f"no multicast {multicast}: only one {'n' if multicast == 'A' else 'm'} block, nothing to share"
 
 
+def _zero_filled_a(problem: "Problem | _Shape", block_m, shares_a):
+    """A pair sharing a K-major A whose rows, rounded to 8, fill at most half of one block
+    (elementwise): the same tile unpaired loads only the rows of A that exist (`_a_rows`), but a
+    multicast A cannot, so the pair loads whole boxes, at least half of each zero-filled by TMA,
+    slowly. In four calibration files (examples/data: two on the H200, two on an H100), where
+    the model costs the two alike, such pairs ran slower than the same tile unpaired in 40 of
+    41 problems, geomean 1.4x, up to 2.6x; with less of the box past M the pair won as often as
+    it lost (M = 38..116: 0.85-1.09x), and pairs sharing an M-major A at small M ran 0.88x
+    (BENCHMARKS.md, session 12). Removed, in the swapped pass too (the shared operand's box
+    is as empty there)."""
+    if problem.a_major != "K":
+        return np.zeros(np.shape(block_m), dtype=bool)
+    return np.asarray(shares_a, dtype=bool) & (ceil_div(problem.m, 8) * 16 <= np.asarray(block_m))
+
+
+ZERO_FILL_MAX_M = max(BLOCK_MS) // 2  # past this M no block is half empty: `_zero_filled_a` is all False
+ZERO_FILL_RULE = "no multicast A: M fills at most half of one block, which the unpaired tile loads alone (`_a_rows`)"
+
+
 SHARED_WAVE_M_BLOCKS = 16
 # N of a shared wave: at least 192. The swapped tiles of M = 192..768 (kernel N = the user's M)
 # run at its rates on the H200 (bf16, N = K = 4096, us: M = 192 as m128n48 pairs in 16.6, M =
@@ -1392,6 +1411,7 @@ def _search(problem: Problem, device: DeviceSpec, report: bool = False, rows: _R
     r = _rows(problem, device) if rows is None else rows
     lay, t = r.layouts, r.layouts.tiles
     first, end, count = r.splits(device)
+    end = np.where(_zero_filled_a(problem, t.block_m, t.shares_a), 0, end)
     chosen = lay.split_table.take(_split_candidates(first, end), axis=1)
     rows, splits = chosen[0], chosen[1]
     if not len(rows):
@@ -1448,7 +1468,12 @@ def _grain_costs(problem, s: "_Skeleton") -> dict:
     floor = s.floor
     if floor is None:
         floor = np.maximum(s.waves.fixed, _shared_line_clk(problem, s.waves.active, *s.line_groups))
-    return _byte_terms(problem, s.candidates, s.waves, moved, floor)
+    c = _byte_terms(problem, s.candidates, s.waves, moved, floor)
+    # The skeleton keeps the candidates of the least M of its grain: a rule of M itself is here.
+    if problem.a_major == "K" and problem.m <= ZERO_FILL_MAX_M:
+        t = s.candidates
+        c["cost"] = np.where(_zero_filled_a(problem, t.block_m, t.shares_a), np.inf, c["cost"])
+    return c
 
 
 def _span_choice(problem: Problem, s: "_Skeleton", span: tuple[int, int]) -> int:
@@ -1566,6 +1591,8 @@ def _rejections(problem: Problem, device: DeviceSpec, s: _Search) -> list[Reject
         if rule is None and tile["cluster_size"] > 1:
             if _nothing_to_share(problem, tile["block_m"], tile["block_n"], tile["multicast"] == "A"):
                 rule = _side_rule(tile["multicast"])
+            elif _zero_filled_a(problem, tile["block_m"], tile["multicast"] == "A"):
+                rule = ZERO_FILL_RULE
         rule = rule or lay.post[i]
         if rule is None and single_wave[lay.row[i]]:
             split = int(largest_split[lay.row[i]])

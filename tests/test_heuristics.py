@@ -10,6 +10,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jitgemm import geometry, heuristics
@@ -945,6 +946,28 @@ def test_explain_names_the_rules():
     assert "register budget" in rules
     assert "pipeline stages" in rules
     assert "even number of 64-wide pieces" in rules  # B is N-major: multicast B needs whole pairs
+
+
+def test_no_pair_shares_a_k_major_a_that_one_block_holds_with_room_to_spare():
+    """Where the unpaired tile loads only the rows of a K-major A that exist (a_rows), a pair
+    sharing A would load whole boxes, zero-filled past M: it is removed, and explain says so.
+    An M-major A (no a_rows) and an M past the block keep their A pairs."""
+    p = Problem(2, 29392, 6592, b_major="N")  # chose m64n128 A pairs before the rule
+    chosen = heuristics.select(p, H200)
+    assert chosen.multicast != "A" and chosen.a_rows == 8, chosen.name
+    rejected = [r for r in explain(p, H200)["rejected"] if r["rule"] == sm90.ZERO_FILL_RULE]
+    assert rejected and all("multicast A" in r["config"] for r in rejected), rejected
+    assert sm90._zero_filled_a(p, np.array([64, 128]), np.array([1, 1])).all()
+    m_major = Problem(2, 29392, 6592, a_major="M", b_major="N")
+    assert not sm90._zero_filled_a(m_major, np.array([64]), np.array([1])).any()
+    assert sm90.ZERO_FILL_RULE not in {r["rule"] for r in explain(m_major, H200)["rejected"]}
+    # M = 64 fills a 64-row block: only the taller tiles' A pairs go
+    full = [
+        r["config"]
+        for r in explain(Problem(64, 29392, 6592, b_major="N"), H200)["rejected"]
+        if r["rule"] == sm90.ZERO_FILL_RULE
+    ]
+    assert full and all(not c.startswith("m64n") for c in full), full
 
 
 # ----------------------------------------------------------------------------- check_config
