@@ -168,12 +168,12 @@ def _zero_filled_a(problem: "Problem | _Shape", block_m, shares_a):
     """A pair sharing a K-major A whose rows, rounded to 8, fill at most half of one block
     (elementwise): the same tile unpaired loads only the rows of A that exist (`_a_rows`), but a
     multicast A cannot, so the pair loads whole boxes, at least half of each zero-filled by TMA,
-    slowly. In four calibration files (examples/data: two on the H200, two on an H100), where
-    the model costs the two alike, such pairs ran slower than the same tile unpaired in 40 of
-    41 problems, geomean 1.4x, up to 2.6x; with less of the box past M the pair won as often as
-    it lost (M = 38..116: 0.85-1.09x), and pairs sharing an M-major A at small M ran 0.88x
-    (BENCHMARKS.md, session 12). Removed, in the swapped pass too (the shared operand's box
-    is as empty there)."""
+    slowly. In the four calibration files of examples/data (two on the H200, two on an H100), where
+    the model costs the two alike, such pairs ran slower than the same tile unpaired in all 41
+    problems (1.015-2.38x, geomean 1.41x; 4 of 5 where it costs them apart). With less of the
+    box past M the pairs ran 0.85-1.09x (five, M = 38..116; and 0.88-0.93x at M = 49 on an
+    H100), pairs sharing an M-major A at small M about 0.9x (BENCHMARKS.md, session 12). Removed,
+    in the swapped pass too (the shared operand's box is as empty there)."""
     if problem.a_major != "K":
         return np.zeros(np.shape(block_m), dtype=bool)
     return np.asarray(shares_a, dtype=bool) & (ceil_div(problem.m, 8) * 16 <= np.asarray(block_m))
