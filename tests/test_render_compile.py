@@ -235,6 +235,27 @@ def test_layout_arithmetic():
     assert decode.stage_tx_bytes == 8 * 128 + 64 * 128 and decode.stage_bytes == 2 * 64 * 128
 
 
+def test_output_staging_boxes():
+    """Every unswapped tile width and output dtype: the boxes tile the row exactly, within TMA's
+    box limits, and stage the same bytes as boxes of the widest dividing swizzle would (so the
+    stage counts the heuristics choose do not depend on how the rows are boxed); a row goes as
+    one unswizzled box exactly where only 32-byte boxes would divide it into several."""
+    for block_n in range(16, 257, 16):
+        for out_dtype, elem in (("bf16", 2), ("fp32", 4)):
+            for block_m, consumers in ((64, 1), (128, 2), (128, 1)):
+                cfg = KernelConfig(block_m=block_m, num_consumers=consumers, block_n=block_n, out_dtype=out_dtype)
+                lay = layout_of(cfg)
+                widest = next(w for w in (128, 64, 32) if block_n % (w // elem) == 0)
+                whole = widest == 32 and block_n * elem > 32
+                assert (lay.out_swizzle == 0) == whole, cfg.name
+                assert lay.out_swizzle in ((0,) if whole else (widest,))
+                cols, rows = lay.out_box
+                assert rows == lay.wg_m and cols * lay.num_out_pieces == block_n and cols <= 256
+                assert (cols * elem) % 16 == 0
+                staged = consumers * lay.wg_m * block_n * elem
+                assert lay.out_bytes_whole == -(-staged // 1024) * 1024, cfg.name
+
+
 def test_swap_ab_puts_the_users_m_on_the_wgmma_n_side():
     # 4096x576x7168 as cuBLAS tiles it: kernel M (the user's N) in 64-row atoms, kernel N (the
     # user's M) 160 wide; the pair shares the user's B tile, which is the wgmma's A operand.
