@@ -172,8 +172,9 @@ def _zero_filled_a(problem: "Problem | _Shape", block_m, shares_a):
     the model costs the two alike, such pairs ran slower than the same tile unpaired in all 41
     problems (1.015-2.38x, geomean 1.41x; 4 of 5 where it costs them apart). With less of the
     box past M the pairs ran 0.85-1.09x (five, M = 38..116; and 0.88-0.93x at M = 49 on an
-    H100), pairs sharing an M-major A at small M about 0.9x (BENCHMARKS.md, session 12). Removed,
-    in the swapped pass too (the shared operand's box is as empty there)."""
+    H100), pairs sharing an M-major A at small M about 0.9x (BENCHMARKS.md, session 12). (The
+    swapped pass never meets the rule: its M is the user's N, above 64, its tiles at most 128
+    rows.) It changes only at M = block_m / 2, a span edge (`_span`, asserted there)."""
     if problem.a_major != "K":
         return np.zeros(np.shape(block_m), dtype=bool)
     return np.asarray(shares_a, dtype=bool) & (ceil_div(problem.m, 8) * 16 <= np.asarray(block_m))
@@ -1482,7 +1483,8 @@ def _span_choice(problem: Problem, s: "_Skeleton", span: tuple[int, int]) -> int
     skeleton is the same, every row and column counted grows with M or stays, and so does
     every term built from them: sums, products and quotients by the same positive numbers,
     maxima; the shared-line term, which falls as M grows, is constant in a span), so in the
-    span it lies between its cost at the least M and at the largest. A
+    span it lies between its cost at the least M and at the largest (a candidate that
+    `_zero_filled_a` removes is infinite at every M of a span or at none). A
     candidate whose largest cost is below every other candidate's least cost by more than the
     rounding of `_order` is first for every M of the span, whatever the other keys."""
     rest = (problem.n, problem.k, *_kind(problem))
@@ -1497,11 +1499,14 @@ def _span_choice(problem: Problem, s: "_Skeleton", span: tuple[int, int]) -> int
 
 M_GRAIN = 64  # every block_m is a multiple of this: the m block counts of M follow from ceil(M / M_GRAIN)
 assert not any(block_m % M_GRAIN for block_m in BLOCK_MS)
+# `_zero_filled_a` removes candidates only at whole spans of M (`_span_choice` bounds finite costs).
+assert all((block_m // 2) % SPAN_ROWS == 0 for block_m in BLOCK_MS) and ZERO_FILL_MAX_M <= SPAN_ROWS * M_GRAIN
 
 
 class _Skeleton(NamedTuple):
     """What select costs alike for every problem of one kind, N, K and ceil(M / M_GRAIN): the
-    candidates (`_search`'s; or, where no layout can split, every layout, those the rules
+    candidates (`_search`'s, but for the rule of M itself, `_zero_filled_a`, which
+    `_grain_costs` applies; or, where no layout can split, every layout, those the rules
     remove at an infinite launch cost), their wave terms (`_Waves`) and what the bytes they
     move take from N. M enters all of them only through its m block counts (`_by_m`)."""
 

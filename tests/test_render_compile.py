@@ -1,5 +1,6 @@
 """CPU tests of the sm_90a template: rendering, NVRTC compilation and the SASS it produces."""
 
+import dataclasses
 import re
 
 import jinja2
@@ -223,7 +224,7 @@ def test_layout_arithmetic():
     assert lay.acc_regs == 128
     nn = layout_of(KernelConfig(block_n=208, b_major="N", num_stages=3))
     assert nn.b.num_pieces == 4 and nn.b.tile_bytes == 4 * 64 * 128  # MN-major: 64-wide pieces
-    # 208 = 13 x 16 columns: one unswizzled box per row block, not 13 32-byte ones (out_staging),
+    # 208 = 13 x 16 columns: one unswizzled box per row block, not 13 32-byte ones (whole_row_box),
     # except for the direct epilogue; 96 = 3 x 32 keeps 64-byte boxes
     assert nn.out_swizzle == 0 and nn.out_box == (208, 64) and nn.num_out_pieces == 1
     assert nn.out_bytes == 2 * 64 * 208 * 2  # the same bytes as 13 boxes
@@ -243,17 +244,30 @@ def test_output_staging_boxes():
     for block_n in range(16, 257, 16):
         for out_dtype, elem in (("bf16", 2), ("fp32", 4)):
             for block_m, consumers in ((64, 1), (128, 2), (128, 1)):
-                cfg = KernelConfig(block_m=block_m, num_consumers=consumers, block_n=block_n, out_dtype=out_dtype)
+                knobs = dict(block_m=block_m, num_consumers=consumers, block_n=block_n, num_stages=2)
+                cfg = KernelConfig(out_dtype=out_dtype, **knobs)  # 2 stages: every box staged at once
                 lay = layout_of(cfg)
                 widest = next(w for w in (128, 64, 32) if block_n % (w // elem) == 0)
                 whole = widest == 32 and block_n * elem > 32
-                assert (lay.out_swizzle == 0) == whole, cfg.name
-                assert lay.out_swizzle in ((0,) if whole else (widest,))
+                assert lay.out_swizzle == (0 if whole else widest), cfg.name
                 cols, rows = lay.out_box
                 assert rows == lay.wg_m and cols * lay.num_out_pieces == block_n and cols <= 256
                 assert (cols * elem) % 16 == 0
                 staged = consumers * lay.wg_m * block_n * elem
                 assert lay.out_bytes_whole == -(-staged // 1024) * 1024, cfg.name
+    # Wider than a TMA box: 32-byte pieces, staged through a ring.
+    for block_n in (272, 336):
+        wide = layout_of(KernelConfig(block_n=block_n, b_major="N", num_stages=3))
+        assert wide.out_swizzle == 32 and wide.out_box == (16, 64) and wide.out_bufs < wide.num_out_pieces
+    # Where the pieces would take turns in a ring, they stay pieces: the config then takes the
+    # same shared memory with and without out_direct (which plan.choose may switch after checking it).
+    deep = KernelConfig(block_m=64, num_consumers=1, block_n=112, num_stages=9)
+    tma, direct = layout_of(deep), layout_of(dataclasses.replace(deep, out_direct=True))
+    assert tma.out_swizzle == direct.out_swizzle == 32 and tma.out_bufs < tma.num_out_pieces
+    assert tma.smem_bytes == direct.smem_bytes <= SMEM_CAPACITY
+    shallow = layout_of(dataclasses.replace(deep, num_stages=6))
+    assert shallow.out_swizzle == 0
+    assert shallow.smem_bytes == layout_of(dataclasses.replace(deep, num_stages=6, out_direct=True)).smem_bytes
 
 
 def test_swap_ab_puts_the_users_m_on_the_wgmma_n_side():

@@ -94,6 +94,10 @@ def test_select_equals_the_reference_search():
     problems = random_problems(41, 150)
     w = (4096, 14336, "bf16", None, "K", "K")
     problems += [Problem(m, *w) for m in random.Random(4).sample(range(1, 700), 400)]
+    # around the edges of `_zero_filled_a` (M = block_m / 2), on weights whose small-M choices
+    # were pairs sharing A before the rule
+    for edge in ((29392, 6592, "bf16", None, "K", "N"), (25481, 1936, "fp16", "fp32", "K", "N")):
+        problems += [Problem(m, *edge) for m in (1, 2, 19, 31, 32, 33, 63, 64, 65, 96, 127, 128, 129)]
     _forget_problems()
     swaps = 0
     for p in problems:

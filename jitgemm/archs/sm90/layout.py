@@ -172,7 +172,7 @@ class KernelLayout(NamedTuple):
     a: OperandLayout
     b: OperandLayout
     wg_m: int  # kernel rows of the tile each math warpgroup owns (64-row atoms)
-    out_swizzle: int  # bytes: 128, 64 or 32; 0 for one unswizzled box of the whole row (`out_staging`)
+    out_swizzle: int  # bytes: 128, 64 or 32; 0 for one unswizzled box of the whole row (`whole_row_box`)
     out_piece_cols: int  # output columns per TMA store box
     out_box: tuple  # (out_piece_cols, rows): wg_m rows, or block_n with swap_ab
     out_bufs: int  # staging buffers (one store box each) per math warpgroup
@@ -261,24 +261,20 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
 
 
 TMA_BOX_MAX = 256  # elements along a TMA box dimension
-# Swizzles narrower than this give way to one unswizzled box of the whole row (`out_staging`).
-WHOLE_ROW_BELOW = 64
 
 
-def out_staging(out_cols: int, out_elem: int, direct: bool) -> tuple[int, int]:
-    """(swizzle bytes, columns per box) of the staged output rows of `out_cols` elements: the
-    widest swizzle whose row of elements divides the columns, so that store boxes never spill
-    into the neighbouring tile; but a row that only 32-byte boxes divide (16-bit output 48, 80,
-    ..., 240 wide) is one unswizzled box, where TMA writes each row in one request, not in
-    16-column pieces (issue 19: such tiles measured 4-11% slower than the cost model put them
-    against tiles storing 128-byte boxes). The staging bytes are the same; the epilogue's
-    stores into them conflict 2-way in the banks. The direct epilogue (out_direct) keeps the
-    pieces: its warpgroup's threads split a box row into runs evenly. A row of one box keeps its
-    swizzle (conflict-free stores)."""
-    swizzle = next(s for s in (128, 64, 32) if out_cols % (s // out_elem) == 0)
-    if swizzle < WHOLE_ROW_BELOW and swizzle < out_cols * out_elem <= TMA_BOX_MAX * out_elem and not direct:
-        return 0, out_cols
-    return swizzle, swizzle // out_elem
+def whole_row_box(swizzle: int, out_cols: int, out_elem: int, direct: bool) -> bool:
+    """Whether a staged output row of `out_cols` elements, boxed by the widest swizzle that
+    divides it (`swizzle` bytes), goes instead as one unswizzled box: where only 32-byte boxes
+    divide it into several (16-bit output 48, 80, ..., 240 wide) and TMA can store the row in one
+    box. TMA then stores each row in one request, not in 16-column pieces: the tiles the
+    heuristics chose ran 1.4% faster on an H100 (30 problems, geomean; up to 6%), where 64-byte
+    boxes made one box ran 0.5% slower (their unswizzled stores conflict 4-way in the banks, the
+    32-byte ones' 2-way; BENCHMARKS.md, session 12). The direct epilogue (out_direct) keeps the
+    pieces: its warpgroup's threads split a box row into runs evenly. `layout_of` boxes a row
+    whole only where every box of it would be staged at once (no ring), so that both take the
+    same shared memory, with and without out_direct."""
+    return swizzle == 32 and out_cols * out_elem > swizzle and out_cols <= TMA_BOX_MAX and not direct
 
 
 def epilogue_buffers(pieces: int, has_c: bool, fits) -> int:
@@ -312,16 +308,21 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     wg_m = cfg.block_m // cfg.num_consumers
     # A math warpgroup stores D rows x columns of: wg_m x block_n, or (swap_ab) block_n x wg_m.
     out_rows, out_cols = (cfg.block_n, wg_m) if cfg.swap_ab else (wg_m, cfg.block_n)
-    out_swizzle, out_piece_cols = out_staging(out_cols, out_elem, cfg.out_direct)
+    # Widest swizzle whose row of elements divides the columns, so that store boxes never spill
+    # into the neighbouring tile.
+    out_swizzle = next(s for s in (128, 64, 32) if out_cols % (s // out_elem) == 0)
+    out_piece_cols = out_swizzle // out_elem
     stage_bytes = a.tile_bytes + b.tile_bytes
     fixed = pipeline_bytes(stage_bytes, cfg.num_stages, cfg.num_consumers)
 
     def staging(bufs: int) -> int:  # rounded to the swizzle atom: every TMA box starts 1024-aligned
         return -(-cfg.num_consumers * bufs * out_rows * out_piece_cols * out_elem // SWIZZLE_ATOM) * SWIZZLE_ATOM
 
-    out_bufs = epilogue_buffers(
-        out_cols // out_piece_cols, cfg.has_c, lambda bufs: fixed + staging(bufs) <= SMEM_CAPACITY
-    )
+    pieces = out_cols // out_piece_cols
+    out_bufs = epilogue_buffers(pieces, cfg.has_c, lambda bufs: fixed + staging(bufs) <= SMEM_CAPACITY)
+    whole = staging(pieces)  # (the same bytes boxed whole)
+    if out_bufs == pieces and whole_row_box(out_swizzle, out_cols, out_elem, cfg.out_direct):
+        out_swizzle, out_piece_cols, out_bufs = 0, out_cols, 1
     out_bytes = staging(out_bufs)
     smem = fixed + out_bytes
     acc_regs = (wg_m // WGMMA_M) * (cfg.block_n // 2)
@@ -335,7 +336,7 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
         (out_piece_cols, out_rows),
         out_bufs,
         out_bytes,
-        staging(out_cols // out_piece_cols),
+        whole,
         stage_bytes,
         a.tx_bytes + b.tx_bytes,
         smem,
