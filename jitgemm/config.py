@@ -87,8 +87,8 @@ class KernelConfig:
             )
         if self.block_m not in (64, 128, 256):
             out.append(f"block_m must be 64, 128 or 256, got {self.block_m}")
-        if not (16 <= self.block_n <= 512 and self.block_n % 16 == 0):
-            out.append(f"block_n must be a multiple of 16 in [16, 512], got {self.block_n}")
+        if not (16 <= self.block_n <= 512 and self.block_n % 8 == 0):
+            out.append(f"block_n must be a multiple of 8 in [16, 512], got {self.block_n}")
         if self.num_consumers not in (1, 2):
             out.append(f"num_consumers must be 1 or 2, got {self.num_consumers}")
         if self.num_stages < 2 or self.num_stages > 16:

@@ -58,6 +58,14 @@ CASES = [
         "col",
         True,
     ),
+    (  # a swapped tile 8 rows past a multiple of 16: its last rows stored (C read) as two matrices
+        "swap_ab_n40_c",
+        dict(block_n=40, num_stages=6, swap_ab=True, has_c=True),
+        (150, 500, 300),
+        "row",
+        "col",
+        True,
+    ),
     ("c_epilogue", dict(block_n=128, num_stages=4, has_c=True, out_dtype="fp32"), (300, 333, 200), "row", "row", True),
     ("b_tail", dict(block_n=144, num_stages=4, b_tail=True), (300, 500, 200), "row", "row", False),
     # one unswizzled output box per row block (176 = 11 x 16 columns), C read back from it

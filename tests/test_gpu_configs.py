@@ -225,6 +225,31 @@ def test_forced_swap_ab_with_c(name, knobs, shape, layout, many_tiles, in_place,
     check_forced_with_c(cfg, many_tiles_shape(cfg, shape) if many_tiles else shape, layout, in_place, gen)
 
 
+# Swapped tiles 8 rows past a multiple of 16 (a K-major A only): the last 8 rows of D stored
+# as two 8x8 matrices; edges along the user's M (1300 = 7 x 168 + 124) and N, pairs sharing B,
+# a decode-like M on a 40-wide wgmma N.
+SWAP8_CASES = [
+    ("swap_n168_edges", dict(block_n=168, num_stages=4), (1300, 1000, 700)),
+    ("swap_n216_mcastB", dict(block_n=216, num_stages=3, cluster_size=2, multicast="B"), (1700, 577, 500)),
+    ("swap_n40_decode", dict(block_m=64, num_consumers=1, block_n=40, num_stages=6), (37, 700, 1000)),
+]
+SWAP8_LAYOUTS = [("row", "row"), ("row", "col")]
+
+
+@pytest.mark.parametrize("with_c", [False, True], ids=["plain", "c"])
+@pytest.mark.parametrize("many_tiles", [False, True], ids=["one_tile", "many_tiles"])
+@pytest.mark.parametrize("layout", SWAP8_LAYOUTS, ids=["rr", "rc"])
+@pytest.mark.parametrize("name, knobs, shape", SWAP8_CASES, ids=[c[0] for c in SWAP8_CASES])
+def test_forced_swap_ab_eight_past_16(name, knobs, shape, layout, many_tiles, with_c, gen):
+    for dtype in ("bf16", "fp16"):
+        cfg = forced_config({**knobs, "swap_ab": True}, dtype, dtype, *layout, has_c=with_c)
+        run_shape = many_tiles_shape(cfg, shape) if many_tiles else shape
+        if with_c:
+            check_forced_with_c(cfg, run_shape, layout, dtype == "fp16", gen)
+        else:
+            check_forced(cfg, run_shape, layout, gen)
+
+
 def knobs_of(name):
     return next(knobs for case, knobs, _ in CASES if case == name)
 
@@ -312,4 +337,6 @@ def all_forced_configs() -> list[KernelConfig]:
             configs.add(cfg)
     for (_, knobs, _), lay, dt in itertools.product(SWAP_CASES, layouts, ("bf16", "fp16")):
         configs.add(forced_config({**knobs, "swap_ab": True}, dt, dt, *lay))
+    for (_, knobs, _), lay, dt, c in itertools.product(SWAP8_CASES, SWAP8_LAYOUTS, ("bf16", "fp16"), (False, True)):
+        configs.add(forced_config({**knobs, "swap_ab": True}, dt, dt, *lay, has_c=c))
     return sorted(configs, key=lambda cfg: cfg.to_json())

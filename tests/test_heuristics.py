@@ -1164,7 +1164,7 @@ def test_env_split_k(monkeypatch):
         ('{"num_stages": NaN}', "JITGEMM_CONFIG: field 'num_stages' must be int"),
         ('{"block_n": "128"}', "JITGEMM_CONFIG: field 'block_n' must be int"),
         ('{"has_c": 1}', "JITGEMM_CONFIG: field 'has_c' must be bool"),
-        ('{"block_n": 100}', "JITGEMM_CONFIG=.*block_n must be a multiple of 16"),
+        ('{"block_n": 100}', "JITGEMM_CONFIG=.*block_n must be a multiple of 8"),
         ('{"dtype": "fp16"}', "JITGEMM_CONFIG=.*dtype is 'fp16' but the problem has 'bf16'"),
         ('{"block_m": 128, "block_n": 256, "num_stages": 9}', "JITGEMM_CONFIG=.*shared memory"),
         ('{"block_m": 128, "block_n": 256, "num_consumers": 1}', "JITGEMM_CONFIG=.*accumulator registers"),

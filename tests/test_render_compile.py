@@ -39,6 +39,10 @@ KNOB_CONFIGS = [
     KernelConfig(block_n=64, num_stages=5, swap_ab=True, a_major="M", out_direct=True),
     KernelConfig(block_n=48, num_stages=6, swap_ab=True, has_c=True, out_direct=True, dtype="fp16", out_dtype="fp16"),
     KernelConfig(block_n=256, num_stages=4, b_major="K", out_direct=True),
+    # swapped tiles 8 rows past a multiple of 16 (the user's M in tiles of 168, 216, ...)
+    KernelConfig(block_n=168, num_stages=4, swap_ab=True, b_major="K"),
+    KernelConfig(block_n=216, num_stages=3, cluster_size=2, multicast="B", swap_ab=True, has_c=True, b_major="K"),
+    KernelConfig(block_n=40, num_stages=6, swap_ab=True, has_c=True, out_direct=True, dtype="fp16", out_dtype="fp16"),
 ]
 
 
@@ -110,7 +114,7 @@ def test_layout_rejects_configs_the_template_cannot_honour(bad, message):
 
 
 def test_config_validation_messages():
-    with pytest.raises(ValueError, match="block_n must be a multiple of 16"):
+    with pytest.raises(ValueError, match="block_n must be a multiple of 8"):
         KernelConfig(block_n=100)
     with pytest.raises(ValueError, match="multicast needs cluster_size 2"):
         KernelConfig(multicast="A")
@@ -306,3 +310,28 @@ def test_swap_ab_rules():
     assert not structural_problems(KernelConfig(**base))
     assert not structural_problems(KernelConfig(**base, has_c=True))  # C read back transposed
     assert any("wgmma's N" in p for p in structural_problems(KernelConfig(**{**base, "block_n": 288})))
+
+
+def test_swapped_tiles_eight_rows_past_a_multiple_of_16():
+    # The user's M = 1300 in 8 tiles of 168 rows (1344), not of 176 (1408).
+    cfg = KernelConfig(block_n=168, num_stages=4, swap_ab=True, b_major="K", has_c=True)
+    lay = layout_of(cfg)
+    assert (lay.a.extent, lay.a.box, lay.a.tile_bytes) == (168, (64, 168), 168 * 128)
+    assert lay.stage_bytes % 1024 == 0 and lay.out_box == (64, 168) and lay.acc_regs == 84
+    src = render(cfg)
+    assert "wgmma.mma_async.sync.aligned.m64n168k16.f32.bf16.bf16" in src
+    # ten steps of 16 rows of D, then the last 8 as two 8x8 matrices (C read back the same way)
+    assert "for (u32 j = 0; j < BLOCK_N / 16; ++j)" in src
+    assert "stmatrix.sync.aligned.m8n8.x2.trans.shared.b16" in src and "ldmatrix.sync.aligned.m8n8.x2.trans" in src
+    assert "const float* d = &acc[p][BLOCK_N / 2 - 4];" in src
+    # widths that are multiples of 16 render exactly as before: no x2 helpers
+    assert "x2.trans" not in render(dataclasses.replace(cfg, block_n=176))
+    for bad in (
+        dict(swap_ab=False),  # the unswapped epilogue boxes block_n columns in spans of 16 or more
+        dict(a_major="M"),
+    ):
+        problems = structural_problems(dataclasses.replace(cfg, **bad))
+        assert any("not a multiple of 16) needs swap_ab with a K-major A" in p for p in problems), bad
+    # a pair sharing the user's A splits its 168 rows in halves of 84: not whole 8-row swizzle atoms
+    pair = dataclasses.replace(cfg, cluster_size=2, multicast="A")
+    assert any("multiple of 8 rows" in p for p in structural_problems(pair))

@@ -39,6 +39,17 @@ __device__ __forceinline__ void stmatrix_x4_trans(u32 addr, u32 r0, u32 r1, u32 
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], { %1, %2, %3, %4 };"
                  :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
 }
+{% if cfg.block_n % 16 %}
+// Two matrices, as stmatrix_x4_trans stores four: lanes 8q..8q+7 (q < 2) give the addresses.
+__device__ __forceinline__ void stmatrix_x2_trans(u32 addr, u32 r0, u32 r1) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], { %1, %2 };" :: "r"(addr), "r"(r0), "r"(r1) : "memory");
+}
+{% if cfg.has_c %}
+__device__ __forceinline__ void ldmatrix_x2_trans(u32 addr, u32& r0, u32& r1) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 { %0, %1 }, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr) : "memory");
+}
+{% endif %}
+{% endif %}
 {% if cfg.swap_ab and cfg.has_c %}
 // Loads four 8x8 16-bit matrices transposed, the inverse of stmatrix_x4_trans with the same
 // addresses: register q receives the elements stmatrix_x4_trans stores from register q.

@@ -16,7 +16,9 @@ operand, the two CTAs of a cluster each load half of that operand's pieces and m
 to both CTAs.
 
 With `swap_ab` the kernel computes D^T = B^T A^T, so that the user's M lands on the wgmma's N
-side (any multiple of 16 up to 256) and the user's N on its 64-row atoms. The tiling fields are
+side (any multiple of 16 up to 256; of 8 for a K-major A, so that the tile count of a
+medium M wastes fewer rows: M = 1300 is 8 tiles of 168, not of 176) and the user's N on its
+64-row atoms. The tiling fields are
 then in kernel coordinates (`jitgemm.geometry`), as on sm_100a (`jitgemm.archs.sm100.layout`): block_m runs along the
 user's N, block_n along the user's M; `multicast` still names the user operand a pair shares.
 `a` and `b` stay the user's A and B tiles (so the tensor maps do not change); the wgmma reads
@@ -244,6 +246,15 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
             out.append(
                 f"multicast {name}: an MN-major tile of {extent} must span an even number of {piece}-wide pieces"
             )
+    if cfg.block_n % 16 and not (cfg.swap_ab and cfg.a_major == "K"):
+        # wgmma's N steps by 8, but only the swapped epilogue (D's rows are the tile's block_n)
+        # stores 8 rows past a multiple of 16; the unswapped one boxes block_n columns in
+        # swizzle spans of 16 or more. A K-major A (row-major activations) is one TMA box of
+        # block_n rows; MN-major pieces of 64 are left out, as no measurement asks for them.
+        out.append(
+            f"block_n={cfg.block_n} (not a multiple of 16) needs swap_ab with a K-major A "
+            f"(got swap_ab={cfg.swap_ab}, a_major={cfg.a_major!r})"
+        )
     if cfg.swap_ab and cfg.block_n > 256:
         out.append(f"block_n={cfg.block_n} > 256 with swap_ab: it is the wgmma's N (at most 256)")
     if cfg.block_n > 256 and cfg.b_major == "K":
