@@ -1642,7 +1642,33 @@ def _completed(cfg: KernelConfig, split_k: int, a_rows: int, raster: str, group_
 
 def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
     """The configuration the cost model ranks first, swapped (`_swap_ranked`) where that costs
-    less (deterministic; heuristics.select memoises it)."""
+    less, `narrowed` (deterministic; heuristics.select memoises it)."""
+    return narrowed(_ranked_first(problem, device), problem, device)
+
+
+def narrowed(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
+    """A swapped `cfg` 8 narrower where that keeps its count of tiles along the user's M and
+    its pipeline depth: the same grid and pipeline with fewer padded rows (M = 1300 in 8 tiles
+    of 168 instead of 176). The candidates' widths step by 16 (BLOCK_NS: more would slow every
+    select); 8 narrower needs a K-major A that no pair splits (layout.structural_problems).
+    Unswapped tiles are left alone: an unaligned output (out_direct) cannot take them."""
+    if not cfg.swap_ab or -(-problem.m // (cfg.block_n - 8)) != -(-problem.m // cfg.block_n):
+        return cfg
+    return _narrowed(cfg, device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _narrowed(cfg: KernelConfig, device: DeviceSpec) -> KernelConfig:
+    """`narrowed` once the tile count is known to stay (memoised: many problems end in the same config)."""
+    narrow = with_fields(cfg, block_n=cfg.block_n - 8)
+    if structural_problems(narrow):
+        return cfg
+    narrow, _ = with_stages(narrow, device)
+    return narrow if narrow.num_stages >= cfg.num_stages else cfg
+
+
+def _ranked_first(problem: Problem, device: DeviceSpec) -> KernelConfig:
+    """`select` before `narrowed`."""
     s, best, c = _best(problem, device)
     chosen = _finish(s.candidates, best, problem, device)
     if not swap_possible(problem):
@@ -1783,10 +1809,13 @@ def explain(problem: Problem, device: DeviceSpec, top: int = 5) -> dict:
         swaps = _swap_ranked(problem, device, sq.candidates, _plain_costs(sq.candidates, sq.layouts, sq.costs))
         shown += [Candidate(cfg, cost, (), _terms(q, device, sq.candidates, sq.costs, i)) for cost, i, cfg in swaps]
         shown.sort(key=lambda cand: cand.cost)  # (stable: on a tie the unswapped candidate stays first)
+    chosen = narrowed(shown[0].config, problem, device)
+    if chosen != shown[0].config:  # listed first, ahead of the candidate it narrows
+        shown.insert(0, cost_of(problem, device, chosen))
     return explanation(
         problem,
         device,
-        shown[0].config,
+        chosen,
         shown,
         _rejections(problem, device, s),
         top,

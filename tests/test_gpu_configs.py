@@ -225,24 +225,39 @@ def test_forced_swap_ab_with_c(name, knobs, shape, layout, many_tiles, in_place,
     check_forced_with_c(cfg, many_tiles_shape(cfg, shape) if many_tiles else shape, layout, in_place, gen)
 
 
-# Swapped tiles 8 rows past a multiple of 16 (a K-major A only): the last 8 rows of D stored
-# as two 8x8 matrices; edges along the user's M (1300 = 7 x 168 + 124) and N, pairs sharing B,
-# a decode-like M on a 40-wide wgmma N.
-SWAP8_CASES = [
-    ("swap_n168_edges", dict(block_n=168, num_stages=4), (1300, 1000, 700)),
-    ("swap_n216_mcastB", dict(block_n=216, num_stages=3, cluster_size=2, multicast="B"), (1700, 577, 500)),
-    ("swap_n40_decode", dict(block_m=64, num_consumers=1, block_n=40, num_stages=6), (37, 700, 1000)),
+# Tiles 8 past a multiple of 16 (the operand on wgmma's N side K-major): swapped, the last 8
+# rows of D stored (C read back) as two 8x8 matrices; unswapped, D staged and stored as one
+# unswizzled box of the whole row. Edges along M (1300 = 7 x 168 + 124) and N (1304 = 7 x 168 +
+# 128), pairs, split-K, fp32 outputs, a decode-like M on a 40-wide wgmma N.
+EIGHT_CASES = [
+    ("swap_n168_edges", dict(block_n=168, num_stages=4, swap_ab=True), (1300, 1000, 700)),
+    (
+        "swap_n216_mcastB",
+        dict(block_n=216, num_stages=3, cluster_size=2, multicast="B", swap_ab=True),
+        (1700, 577, 500),
+    ),
+    ("swap_n40_decode", dict(block_m=64, num_consumers=1, block_n=40, num_stages=6, swap_ab=True), (37, 700, 1000)),
+    # (unswapped: N keeps D's rows whole 16-byte units, as the whole-row box needs)
+    ("n168_mcastA", dict(block_n=168, num_stages=4, cluster_size=2, multicast="A"), (1000, 1304, 700)),
+    ("n72_splitk", dict(block_m=64, num_consumers=1, block_n=72, num_stages=8, split_k=3), (200, 520, 3000)),
 ]
-SWAP8_LAYOUTS = [("row", "row"), ("row", "col")]
+
+
+def eight_layouts(knobs) -> list:
+    """The layouts that put a K-major operand on wgmma's N side: A row-major (swapped), B
+    column-major (unswapped)."""
+    return [("row", "row"), ("row", "col")] if knobs.get("swap_ab") else [("row", "col"), ("col", "col")]
 
 
 @pytest.mark.parametrize("with_c", [False, True], ids=["plain", "c"])
 @pytest.mark.parametrize("many_tiles", [False, True], ids=["one_tile", "many_tiles"])
-@pytest.mark.parametrize("layout", SWAP8_LAYOUTS, ids=["rr", "rc"])
-@pytest.mark.parametrize("name, knobs, shape", SWAP8_CASES, ids=[c[0] for c in SWAP8_CASES])
-def test_forced_swap_ab_eight_past_16(name, knobs, shape, layout, many_tiles, with_c, gen):
-    for dtype in ("bf16", "fp16"):
-        cfg = forced_config({**knobs, "swap_ab": True}, dtype, dtype, *layout, has_c=with_c)
+@pytest.mark.parametrize("second_layout", [False, True], ids=["layout1", "layout2"])
+@pytest.mark.parametrize("name, knobs, shape", EIGHT_CASES, ids=[c[0] for c in EIGHT_CASES])
+def test_forced_eight_past_16(name, knobs, shape, second_layout, many_tiles, with_c, gen):
+    layout = eight_layouts(knobs)[second_layout]
+    dtypes = [("bf16", "bf16"), ("fp16", "fp16")] + ([] if knobs.get("swap_ab") else [("bf16", "fp32")])
+    for dtype, odt in dtypes:
+        cfg = forced_config(knobs, dtype, odt, *layout, has_c=with_c)
         run_shape = many_tiles_shape(cfg, shape) if many_tiles else shape
         if with_c:
             check_forced_with_c(cfg, run_shape, layout, dtype == "fp16", gen)
@@ -337,6 +352,8 @@ def all_forced_configs() -> list[KernelConfig]:
             configs.add(cfg)
     for (_, knobs, _), lay, dt in itertools.product(SWAP_CASES, layouts, ("bf16", "fp16")):
         configs.add(forced_config({**knobs, "swap_ab": True}, dt, dt, *lay))
-    for (_, knobs, _), lay, dt, c in itertools.product(SWAP8_CASES, SWAP8_LAYOUTS, ("bf16", "fp16"), (False, True)):
-        configs.add(forced_config({**knobs, "swap_ab": True}, dt, dt, *lay, has_c=c))
+    for (_, knobs, _), c in itertools.product(EIGHT_CASES, (False, True)):
+        for lay in eight_layouts(knobs):
+            for dt, odt in [("bf16", "bf16"), ("fp16", "fp16")] + ([] if knobs.get("swap_ab") else [("bf16", "fp32")]):
+                configs.add(forced_config(knobs, dt, odt, *lay, has_c=c))
     return sorted(configs, key=lambda cfg: cfg.to_json())

@@ -43,6 +43,9 @@ KNOB_CONFIGS = [
     KernelConfig(block_n=168, num_stages=4, swap_ab=True, b_major="K"),
     KernelConfig(block_n=216, num_stages=3, cluster_size=2, multicast="B", swap_ab=True, has_c=True, b_major="K"),
     KernelConfig(block_n=40, num_stages=6, swap_ab=True, has_c=True, out_direct=True, dtype="fp16", out_dtype="fp16"),
+    # ... and unswapped, B K-major: one unswizzled store box of the whole row
+    KernelConfig(block_n=168, num_stages=4, b_major="K", has_c=True, cluster_size=2, multicast="A"),
+    KernelConfig(block_m=64, num_consumers=1, block_n=72, num_stages=8, b_major="K", out_dtype="fp32", split_k=3),
 ]
 
 
@@ -327,11 +330,17 @@ def test_swapped_tiles_eight_rows_past_a_multiple_of_16():
     # widths that are multiples of 16 render exactly as before: no x2 helpers
     assert "x2.trans" not in render(dataclasses.replace(cfg, block_n=176))
     for bad in (
-        dict(swap_ab=False),  # the unswapped epilogue boxes block_n columns in spans of 16 or more
-        dict(a_major="M"),
+        dict(a_major="M"),  # the operand on wgmma's N side must be K-major
+        dict(swap_ab=False, b_major="N"),
+        dict(swap_ab=False, out_direct=True),  # the whole-row box is not read directly
     ):
         problems = structural_problems(dataclasses.replace(cfg, **bad))
-        assert any("not a multiple of 16) needs swap_ab with a K-major A" in p for p in problems), bad
+        assert any("not a multiple of 16) needs a K-major operand on wgmma's N side" in p for p in problems), bad
+    assert not structural_problems(dataclasses.replace(cfg, out_direct=True))  # swapped: boxes of 64 columns
+    # unswapped (B K-major): D's 168 columns are staged and stored as one unswizzled box
+    plain = layout_of(dataclasses.replace(cfg, swap_ab=False))
+    assert (plain.out_swizzle, plain.out_piece_cols, plain.num_out_pieces, plain.out_bufs) == (0, 168, 1, 1)
+    assert (plain.b.box, plain.acc_regs) == ((64, 168), 84)
     # a pair sharing the user's A splits its 168 rows in halves of 84: not whole 8-row swizzle atoms
     pair = dataclasses.replace(cfg, cluster_size=2, multicast="A")
     assert any("multiple of 8 rows" in p for p in structural_problems(pair))

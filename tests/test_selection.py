@@ -1,6 +1,7 @@
 """Selection at serving speed (issue 18, item 1): the sm_90a cost model costs every candidate of
 a problem at once, with the same choices as the one-candidate-at-a-time model it replaced."""
 
+import dataclasses
 import json
 import random
 import statistics
@@ -109,6 +110,7 @@ def test_select_equals_the_reference_search():
             swap = sm90._swap_ranked(p, H200, sq.candidates, sm90._plain_costs(sq.candidates, sq.layouts, sq.costs))
             if swap and swap[0][0] < round(float(s.costs["cost"][i]), 6):
                 want, swaps = swap[0][2], swaps + 1
+        want = sm90.narrowed(want, p, H200)
         assert heuristics.select(p, H200) == want, p
         assert heuristics.explain(p, H200, top=1)["chosen"] == want.to_dict(), p
     assert swaps > 20, swaps  # swapped choices were compared too
@@ -221,3 +223,32 @@ def test_a_wave_of_every_tile_takes_the_first_walk():
         assert set(footprints) == {num_m * rows + num_n * cols}
         got = geometry.choose_raster.__wrapped__(num_m, num_n, rows, cols, slots, pair)
         assert got == (*walks[0], float(footprints[0]))
+
+
+def test_swapped_tiles_are_narrowed_where_the_tile_count_stays():
+    """A swapped choice takes 8 fewer rows where the user's M still needs as many tiles and the
+    pipeline keeps its depth; never a pair that would split the narrower tile's rows unevenly,
+    nor an unswapped tile."""
+    w = (4096, 4096, "bf16", None, "K", "K")
+    wide = sm90._ranked_first(Problem(600, *w), H200)  # 4 tiles of 160 (640 rows)
+    assert wide.swap_ab and wide.block_n == 160 and wide.multicast == "B", wide.name
+    narrow = sm90.narrowed(wide, Problem(600, *w), H200)  # 4 tiles of 152 (608 rows)
+    assert (narrow.block_n, narrow.multicast) == (152, "B") and narrow.num_stages >= wide.num_stages
+    assert dataclasses.replace(narrow, block_n=160, num_stages=wide.num_stages) == wide
+    assert heuristics.select(Problem(600, *w), H200) == narrow
+    # 610 rows need 4 tiles of 160 but 5 of 152: unchanged
+    assert sm90.narrowed(wide, Problem(610, *w), H200) == wide
+    # a pair sharing the user's A would split 168 rows into halves of 84 (not whole 8-row atoms)
+    a_pair = dataclasses.replace(wide, block_n=176, multicast="A")
+    assert sm90.narrowed(a_pair, Problem(1300, *w), H200) == a_pair
+    unswapped = sm90._ranked_first(Problem(8192, 1000, 4096, "bf16", None, "K", "K"), H200)
+    assert (
+        not unswapped.swap_ab
+        and sm90.narrowed(unswapped, Problem(8192, 1000, 4096, "bf16", None, "K", "K"), H200) == unswapped
+    )
+    # explain lists the narrowed config first, costed, ahead of the one it narrows
+    ex = heuristics.explain(Problem(600, *w), H200, top=2)
+    assert ex["chosen"] == narrow.to_dict() and [c["config"] for c in ex["candidates"]] == [
+        narrow.to_dict(),
+        wide.to_dict(),
+    ]

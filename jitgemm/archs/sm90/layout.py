@@ -4,7 +4,9 @@ One source of truth for the numbers the template, the runtime (tensor-map boxes)
 heuristics (shared-memory arithmetic) must agree on.
 
 A K-major operand tile is `rows x 64` 16-bit elements with 128-byte swizzling (one 128-byte
-row per M or N index). An MN-major tile is stored as pieces of `swizzle / 2` MN-elements x
+row per M or N index). block_n is a multiple of 16, or of 8 where the wgmma's B operand (B, or
+A under swap_ab) is K-major, so that a tile count wastes fewer padded rows (M = 1300 swapped is
+8 tiles of 168, not of 176). An MN-major tile is stored as pieces of `swizzle / 2` MN-elements x
 block_k K-rows, each piece one TMA box: 128-byte swizzle (64-wide pieces) when the tile is at
 least 64 wide, else the widest of 64 or 32 bytes whose piece width divides it, so that narrow
 tiles (block_n 16, 32, 48) do not load padding. A wider MN-major tile that is not a multiple
@@ -16,9 +18,8 @@ operand, the two CTAs of a cluster each load half of that operand's pieces and m
 to both CTAs.
 
 With `swap_ab` the kernel computes D^T = B^T A^T, so that the user's M lands on the wgmma's N
-side (any multiple of 16 up to 256; of 8 for a K-major A, so that the tile count of a
-medium M wastes fewer rows: M = 1300 is 8 tiles of 168, not of 176) and the user's N on its
-64-row atoms. The tiling fields are
+side (any multiple of 16 up to 256, of 8 for a K-major A) and the user's N on its 64-row
+atoms. The tiling fields are
 then in kernel coordinates (`jitgemm.geometry`), as on sm_100a (`jitgemm.archs.sm100.layout`): block_m runs along the
 user's N, block_n along the user's M; `multicast` still names the user operand a pair shares.
 `a` and `b` stay the user's A and B tiles (so the tensor maps do not change); the wgmma reads
@@ -246,15 +247,17 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
             out.append(
                 f"multicast {name}: an MN-major tile of {extent} must span an even number of {piece}-wide pieces"
             )
-    if cfg.block_n % 16 and not (cfg.swap_ab and cfg.a_major == "K"):
-        # wgmma's N steps by 8, but only the swapped epilogue (D's rows are the tile's block_n)
-        # stores 8 rows past a multiple of 16; the unswapped one boxes block_n columns in
-        # swizzle spans of 16 or more. A K-major A (row-major activations) is one TMA box of
-        # block_n rows; MN-major pieces of 64 are left out, as no measurement asks for them.
-        out.append(
-            f"block_n={cfg.block_n} (not a multiple of 16) needs swap_ab with a K-major A "
-            f"(got swap_ab={cfg.swap_ab}, a_major={cfg.a_major!r})"
-        )
+    if cfg.block_n % 16:
+        # wgmma's N steps by 8. The operand on its N side must be K-major: one TMA box of
+        # block_n rows (MN-major pieces of 64 are left out, as no measurement asks for them).
+        # Unswapped, no swizzle span divides the block_n columns of D: they are staged as one
+        # unswizzled box of the whole row, which the direct epilogue (out_direct) does not read.
+        mma_b_major = cfg.a_major if cfg.swap_ab else cfg.b_major
+        if mma_b_major != "K" or (cfg.out_direct and not cfg.swap_ab):
+            out.append(
+                f"block_n={cfg.block_n} (not a multiple of 16) needs a K-major operand on wgmma's N side "
+                f"({'A' if cfg.swap_ab else 'B'}, got {mma_b_major!r}) and, unswapped, no out_direct"
+            )
     if cfg.swap_ab and cfg.block_n > 256:
         out.append(f"block_n={cfg.block_n} > 256 with swap_ab: it is the wgmma's N (at most 256)")
     if cfg.block_n > 256 and cfg.b_major == "K":
@@ -321,8 +324,9 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     out_rows, out_cols = (cfg.block_n, wg_m) if cfg.swap_ab else (wg_m, cfg.block_n)
     # Widest swizzle whose row of elements divides the columns, so that store boxes never spill
     # into the neighbouring tile.
-    out_swizzle = next(s for s in (128, 64, 32) if out_cols % (s // out_elem) == 0)
-    out_piece_cols = out_swizzle // out_elem
+    # (none for 8 columns past a multiple of 16: then one unswizzled box of the whole row)
+    out_swizzle = next((s for s in (128, 64, 32) if out_cols % (s // out_elem) == 0), 0)
+    out_piece_cols = out_swizzle // out_elem or out_cols
     stage_bytes = a.tile_bytes + b.tile_bytes
     fixed = pipeline_bytes(stage_bytes, cfg.num_stages, cfg.num_consumers)
 
