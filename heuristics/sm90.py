@@ -1647,11 +1647,12 @@ def select(problem: Problem, device: DeviceSpec) -> KernelConfig:
 
 
 def narrowed(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelConfig:
-    """A swapped `cfg` 8 narrower where that keeps its count of tiles along the user's M and
-    its pipeline depth: the same grid and pipeline with fewer padded rows (M = 1300 in 8 tiles
-    of 168 instead of 176). The candidates' widths step by 16 (BLOCK_NS: more would slow every
-    select); 8 narrower needs a K-major A that no pair splits (layout.structural_problems).
-    Unswapped tiles are left alone: an unaligned output (out_direct) cannot take them."""
+    """A swapped `cfg` 8 narrower where that keeps its count of tiles along the user's M: the
+    same grid with fewer padded rows (M = 1300 in 8 tiles of 168 instead of 176), and as many
+    pipeline stages or more (the narrower tile takes less shared memory). The candidates' widths
+    step by 16 (BLOCK_NS: more would slow every select); 8 narrower needs a K-major A that no
+    pair splits (layout.structural_problems). Unswapped tiles are left alone: an unaligned
+    output cannot take them (sm90_checks.epilogue_problems)."""
     if not cfg.swap_ab or -(-problem.m // (cfg.block_n - 8)) != -(-problem.m // cfg.block_n):
         return cfg
     return _narrowed(cfg, device)
@@ -1661,10 +1662,7 @@ def narrowed(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelC
 def _narrowed(cfg: KernelConfig, device: DeviceSpec) -> KernelConfig:
     """`narrowed` once the tile count is known to stay (memoised: many problems end in the same config)."""
     narrow = with_fields(cfg, block_n=cfg.block_n - 8)
-    if structural_problems(narrow):
-        return cfg
-    narrow, _ = with_stages(narrow, device)
-    return narrow if narrow.num_stages >= cfg.num_stages else cfg
+    return cfg if structural_problems(narrow) else with_stages(narrow, device)[0]
 
 
 def _ranked_first(problem: Problem, device: DeviceSpec) -> KernelConfig:
@@ -1849,6 +1847,8 @@ def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, devic
         for field, off in extras:
             if field not in data:
                 merged[field] = off
+    if chosen.swap_ab and not merged["swap_ab"] and "block_n" not in data and merged["block_n"] % 16:
+        merged["block_n"] += 8  # a `narrowed` width is for swapped tiles: unswapped, the one it narrowed
     cfg = KernelConfig(**merged)
     tile_changed = any(k in data for k in rules.TILE_FIELDS)
     if not (tile_changed or "split_k" in data):

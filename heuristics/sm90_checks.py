@@ -78,9 +78,23 @@ def _register_problems(cfg: KernelConfig) -> list[str]:
 
 def check_config(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:
     """Why `cfg` cannot run `problem` on `device` (sm_90a), in words; empty when it can."""
-    return config_problems(cfg, problem, device, structural_problems, layout_of, _register_problems) or split_problems(
-        cfg, problem, device
+    return (
+        config_problems(cfg, problem, device, structural_problems, layout_of, _register_problems)
+        or split_problems(cfg, problem, device)
+        or epilogue_problems(cfg, problem)
     )
+
+
+def epilogue_problems(cfg: KernelConfig, problem: Problem) -> list[str]:
+    """Why `cfg`'s epilogue cannot store `problem`'s output, in words: an unswapped tile 8 past a
+    multiple of 16 stages its output rows as one unswizzled box that only TMA stores, and an
+    output whose rows are not whole 16-byte units is written directly (plan.with_epilogue)."""
+    if cfg.block_n % 16 and not cfg.swap_ab and not problem.aligned_out:
+        return [
+            f"block_n={cfg.block_n} unswapped stores the output with TMA, whose rows here are not whole "
+            "16-byte units (a block_n that is a multiple of 16 writes them directly)"
+        ]
+    return []
 
 
 def split_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> list[str]:

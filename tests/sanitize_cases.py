@@ -61,7 +61,7 @@ CASES = [
     (  # a swapped tile 8 rows past a multiple of 16: its last rows stored (C read) as two matrices
         "swap_ab_n40_c",
         dict(block_n=40, num_stages=6, swap_ab=True, has_c=True),
-        (150, 500, 300),
+        (150, 5000, 300),  # 4 x 79 tiles: several per CTA
         "row",
         "col",
         True,

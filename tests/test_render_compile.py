@@ -329,18 +329,19 @@ def test_swapped_tiles_eight_rows_past_a_multiple_of_16():
     assert "const float* d = &acc[p][BLOCK_N / 2 - 4];" in src
     # widths that are multiples of 16 render exactly as before: no x2 helpers
     assert "x2.trans" not in render(dataclasses.replace(cfg, block_n=176))
-    for bad in (
-        dict(a_major="M"),  # the operand on wgmma's N side must be K-major
-        dict(swap_ab=False, b_major="N"),
-        dict(swap_ab=False, out_direct=True),  # the whole-row box is not read directly
-    ):
+    for bad in (dict(a_major="M"), dict(swap_ab=False, b_major="N")):  # wgmma's N side must be K-major
         problems = structural_problems(dataclasses.replace(cfg, **bad))
         assert any("not a multiple of 16) needs a K-major operand on wgmma's N side" in p for p in problems), bad
+    problems = structural_problems(dataclasses.replace(cfg, swap_ab=False, out_direct=True))
+    assert any("unswapped stores the output with TMA, not out_direct" in p for p in problems)
     assert not structural_problems(dataclasses.replace(cfg, out_direct=True))  # swapped: boxes of 64 columns
     # unswapped (B K-major): D's 168 columns are staged and stored as one unswizzled box
     plain = layout_of(dataclasses.replace(cfg, swap_ab=False))
     assert (plain.out_swizzle, plain.out_piece_cols, plain.num_out_pieces, plain.out_bufs) == (0, 168, 1, 1)
     assert (plain.b.box, plain.acc_regs) == ((64, 168), 84)
+    # an fp32 row is boxed by 8 columns (32 bytes) as any fp32 tile's
+    wide = layout_of(dataclasses.replace(cfg, swap_ab=False, has_c=False, out_dtype="fp32"))
+    assert (wide.out_swizzle, wide.out_piece_cols) == (32, 8)
     # a pair sharing the user's A splits its 168 rows in halves of 84: not whole 8-row swizzle atoms
     pair = dataclasses.replace(cfg, cluster_size=2, multicast="A")
     assert any("multiple of 8 rows" in p for p in structural_problems(pair))

@@ -12,6 +12,8 @@ import pytest
 from example_scripts import load_example
 
 from jitgemm import geometry, heuristics
+from jitgemm.archs.sm90.layout import structural_problems
+from jitgemm.config import KernelConfig
 from jitgemm.heuristics import DeviceSpec, sm90
 from jitgemm.problem import Problem
 
@@ -241,11 +243,38 @@ def test_swapped_tiles_are_narrowed_where_the_tile_count_stays():
     # a pair sharing the user's A would split 168 rows into halves of 84 (not whole 8-row atoms)
     a_pair = dataclasses.replace(wide, block_n=176, multicast="A")
     assert sm90.narrowed(a_pair, Problem(1300, *w), H200) == a_pair
-    unswapped = sm90._ranked_first(Problem(8192, 1000, 4096, "bf16", None, "K", "K"), H200)
-    assert (
-        not unswapped.swap_ab
-        and sm90.narrowed(unswapped, Problem(8192, 1000, 4096, "bf16", None, "K", "K"), H200) == unswapped
-    )
+    # unswapped tiles stay, even where 8 narrower would lay out and keep the tile count
+    unswapped = KernelConfig(block_n=176, num_stages=4, b_major="K")
+    assert not structural_problems(dataclasses.replace(unswapped, block_n=168))
+    # (M = N = 1300 keeps 8 tiles of 168 along either side)
+    assert sm90.narrowed(unswapped, Problem(1300, 1300, 4096, "bf16", None, "K", "K"), H200) == unswapped
+    # an unswapped tile 8 past a multiple of 16 is refused for an output TMA cannot store
+    odd = Problem(4096, 1001, 4096, "bf16", None, "K", "K")
+    reasons = heuristics.check_config(dataclasses.replace(unswapped, block_n=168), odd, H200)
+    assert any("whole 16-byte units" in r for r in reasons), reasons
+    # an override that unswaps a narrowed choice takes back the width it narrowed (a row-major b:
+    # 152 columns of an N-major B would not lay out)
+    row_major_b = Problem(600, 4096, 4096, "bf16", None, "K", "N")
+    swapped_choice = heuristics.select(row_major_b, H200)
+    assert swapped_choice.swap_ab and swapped_choice.block_n == 152, swapped_choice.name
+    override = sm90.config_with_fields(swapped_choice, {"swap_ab": False}, row_major_b, H200)
+    assert not override.swap_ab and override.block_n == 160, override.name
+    assert not heuristics.check_config(override, row_major_b, H200)
+    # over a dense M range: select differs from the model's first exactly where narrowing applies
+    for m in range(65, 2049, 7):
+        dense = Problem(m, *w)
+        first, picked = sm90._ranked_first(dense, H200), heuristics.select(dense, H200)
+        eight_less = dataclasses.replace(first, block_n=first.block_n - 8)
+        applies = (
+            first.swap_ab
+            and -(-m // eight_less.block_n) == -(-m // first.block_n)
+            and not structural_problems(eight_less)
+        )
+        if applies:
+            assert dataclasses.replace(picked, num_stages=first.num_stages) == eight_less, m
+            assert picked.num_stages >= first.num_stages, m
+        else:
+            assert picked == first, m
     # explain lists the narrowed config first, costed, ahead of the one it narrows
     ex = heuristics.explain(Problem(600, *w), H200, top=2)
     assert ex["chosen"] == narrow.to_dict() and [c["config"] for c in ex["candidates"]] == [

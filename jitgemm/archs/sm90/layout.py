@@ -250,13 +250,18 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
     if cfg.block_n % 16:
         # wgmma's N steps by 8. The operand on its N side must be K-major: one TMA box of
         # block_n rows (MN-major pieces of 64 are left out, as no measurement asks for them).
-        # Unswapped, no swizzle span divides the block_n columns of D: they are staged as one
-        # unswizzled box of the whole row, which the direct epilogue (out_direct) does not read.
+        # Unswapped, no 16-bit swizzle span divides the block_n columns of D: they are staged as
+        # one unswizzled box of the whole row (an fp32 row in 32-byte boxes of 8 columns), which
+        # the direct epilogue (out_direct) does not read.
         mma_b_major = cfg.a_major if cfg.swap_ab else cfg.b_major
-        if mma_b_major != "K" or (cfg.out_direct and not cfg.swap_ab):
+        if mma_b_major != "K":
             out.append(
                 f"block_n={cfg.block_n} (not a multiple of 16) needs a K-major operand on wgmma's N side "
-                f"({'A' if cfg.swap_ab else 'B'}, got {mma_b_major!r}) and, unswapped, no out_direct"
+                f"({'A' if cfg.swap_ab else 'B'}, got {mma_b_major!r})"
+            )
+        elif cfg.out_direct and not cfg.swap_ab:
+            out.append(
+                f"block_n={cfg.block_n} (not a multiple of 16) unswapped stores the output with TMA, not out_direct"
             )
     if cfg.swap_ab and cfg.block_n > 256:
         out.append(f"block_n={cfg.block_n} > 256 with swap_ab: it is the wgmma's N (at most 256)")
@@ -324,7 +329,7 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     out_rows, out_cols = (cfg.block_n, wg_m) if cfg.swap_ab else (wg_m, cfg.block_n)
     # Widest swizzle whose row of elements divides the columns, so that store boxes never spill
     # into the neighbouring tile.
-    # (none for 8 columns past a multiple of 16: then one unswizzled box of the whole row)
+    # (none for 16-bit columns 8 past a multiple of 16: then one unswizzled box of the whole row)
     out_swizzle = next((s for s in (128, 64, 32) if out_cols % (s // out_elem) == 0), 0)
     out_piece_cols = out_swizzle // out_elem or out_cols
     stage_bytes = a.tile_bytes + b.tile_bytes
