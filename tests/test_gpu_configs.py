@@ -237,6 +237,13 @@ EIGHT_CASES = [
         (1700, 577, 500),
     ),
     ("swap_n40_decode", dict(block_m=64, num_consumers=1, block_n=40, num_stages=6, swap_ab=True), (37, 700, 1000)),
+    # pairs sharing the 168-row K-major tile: each CTA loads 88 rows (at 0 and 80), 8 in common
+    (
+        "swap_n168_mcastA",
+        dict(block_n=168, num_stages=4, cluster_size=2, multicast="A", swap_ab=True),
+        (1300, 1000, 700),
+    ),
+    ("n168_mcastB", dict(block_n=168, num_stages=4, cluster_size=2, multicast="B"), (1000, 1304, 700)),
     # (unswapped: N keeps D's rows whole 16-byte units, as the whole-row box needs)
     ("n168_mcastA", dict(block_n=168, num_stages=4, cluster_size=2, multicast="A"), (1000, 1304, 700)),
     ("n72_splitk", dict(block_m=64, num_consumers=1, block_n=72, num_stages=8, split_k=3), (200, 520, 3000)),

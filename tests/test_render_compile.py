@@ -42,6 +42,7 @@ KNOB_CONFIGS = [
     # swapped tiles 8 rows past a multiple of 16 (the user's M in tiles of 168, 216, ...)
     KernelConfig(block_n=168, num_stages=4, swap_ab=True, b_major="K"),
     KernelConfig(block_n=216, num_stages=3, cluster_size=2, multicast="B", swap_ab=True, has_c=True, b_major="K"),
+    KernelConfig(block_n=168, num_stages=4, cluster_size=2, multicast="A", swap_ab=True, b_major="K"),
     KernelConfig(block_n=40, num_stages=6, swap_ab=True, has_c=True, out_direct=True, dtype="fp16", out_dtype="fp16"),
     # ... and unswapped, B K-major: one unswizzled store box of the whole row
     KernelConfig(block_n=168, num_stages=4, b_major="K", has_c=True, cluster_size=2, multicast="A"),
@@ -342,6 +343,13 @@ def test_swapped_tiles_eight_rows_past_a_multiple_of_16():
     # an fp32 row is boxed by 8 columns (32 bytes) as any fp32 tile's
     wide = layout_of(dataclasses.replace(cfg, swap_ab=False, has_c=False, out_dtype="fp32"))
     assert (wide.out_swizzle, wide.out_piece_cols) == (32, 8)
-    # a pair sharing the user's A splits its 168 rows in halves of 84: not whole 8-row swizzle atoms
-    pair = dataclasses.replace(cfg, cluster_size=2, multicast="A")
-    assert any("multiple of 8 rows" in p for p in structural_problems(pair))
+    # a pair sharing the user's A (K-major, 168 rows): halves of 84 rows would not be whole 8-row
+    # swizzle atoms, so each CTA loads 88 (rows 0 and 80), both landing in both CTAs
+    pair = layout_of(dataclasses.replace(cfg, cluster_size=2, multicast="A"))
+    assert (pair.a.box, pair.a.step, pair.a.step_bytes, pair.a.pieces_per_rank) == ((64, 88), 80, 80 * 128, 1)
+    assert pair.a.tx_bytes == 2 * 88 * 128 and pair.a.tile_bytes == 168 * 128
+    src = render(dataclasses.replace(cfg, cluster_size=2, multicast="A"))
+    assert "const int mn = n0 + p * 80;" in src and "p * 10240;" in src
+    # whole halves keep their pieces back to back (and render as before)
+    even = layout_of(dataclasses.replace(cfg, block_n=176, cluster_size=2, multicast="A")).a
+    assert (even.box, even.step, even.step_bytes, even.piece_step) == ((64, 88), 88, 88 * 128, 0)

@@ -240,9 +240,16 @@ def test_swapped_tiles_are_narrowed_where_the_tile_count_stays():
     assert heuristics.select(Problem(600, *w), H200) == narrow
     # 610 rows need 4 tiles of 160 but 5 of 152: unchanged
     assert sm90.narrowed(wide, Problem(610, *w), H200) == wide
-    # a pair sharing the user's A would split 168 rows into halves of 84 (not whole 8-row atoms)
-    a_pair = dataclasses.replace(wide, block_n=176, multicast="A")
-    assert sm90.narrowed(a_pair, Problem(1300, *w), H200) == a_pair
+    # a pair sharing the user's A narrows too (its CTAs load 88 of the 168 rows each, 8 in common)
+    a_pair = sm90._ranked_first(Problem(1300, *w), H200)
+    assert (a_pair.block_n, a_pair.multicast) == (176, "A"), a_pair.name
+    assert (
+        heuristics.select(Problem(1300, *w), H200).block_n,
+        heuristics.select(Problem(1300, *w), H200).multicast,
+    ) == (
+        168,
+        "A",
+    )
     # unswapped tiles stay, even where 8 narrower would lay out and keep the tile count
     unswapped = KernelConfig(block_n=176, num_stages=4, b_major="K")
     assert not structural_problems(dataclasses.replace(unswapped, block_n=168))

@@ -60,6 +60,19 @@ class OperandLayout(NamedTuple):
     # skipping the pieces wholly past them. Not for a multicast operand (its pieces are split
     # between the pair) nor one loading fixed fewer rows (a_rows).
     edge: bool = False
+    # MN elements from one piece's origin to the next's: piece_extent, but for a K-major tile
+    # multicast in halves that are not whole 8-row swizzle atoms (168 rows: boxes of 88 rows at
+    # rows 0 and 80, their 8 shared rows landing twice with the same bytes)
+    piece_step: int = 0
+
+    @property
+    def step(self) -> int:
+        return self.piece_step or self.piece_extent
+
+    @property
+    def step_bytes(self) -> int:
+        """Shared-memory bytes from one piece to the next."""
+        return self.step * self.piece_bytes // self.piece_extent
 
     @property
     def edge_box(self) -> bool:
@@ -114,9 +127,14 @@ def _operand(
     `extent` rows, and the rows never loaded only feed output rows that are never stored.
     `tail` (MN-major, not multicast): the columns past the last full piece form a narrow tail."""
     ranks = 2 if multicast else 1
+    step = 0
     if major_is_k:
         swizzle = 128
-        piece_extent = (loaded_rows or extent) // ranks
+        rows = loaded_rows or extent
+        # each piece whole 8-row swizzle atoms, so that it lands on a 1024-byte boundary
+        piece_extent = -(-rows // ranks // 8) * 8
+        if piece_extent * ranks != rows:
+            step = rows - piece_extent
         num_pieces = ranks
         box = (block_k, piece_extent)
     else:
@@ -154,6 +172,7 @@ def _operand(
         box,
         extent,
         edge=edge,
+        piece_step=step,
     )
 
 
@@ -240,8 +259,6 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
     for name, major_is_k, extent in (("A", cfg.a_major == "K", a_extent), ("B", cfg.b_major == "K", b_extent)):
         if cfg.multicast != name:
             continue
-        if major_is_k and (extent // 2) % 8:
-            out.append(f"multicast {name}: half of the {extent}-row K-major tile must be a multiple of 8 rows")
         piece = mn_major_swizzle(extent, elem) // elem
         if not major_is_k and (-(-extent // piece)) % 2:
             out.append(

@@ -24,6 +24,8 @@ def _operand_vars(name: str, op, major_is_k: bool, swap_ab: bool, tail: bool = F
         "pieces_per_rank": op.pieces_per_rank,
         "piece_bytes": op.piece_bytes,
         "piece_extent": op.piece_extent,
+        "step": op.step,
+        "step_bytes": op.step_bytes,
         "tile_fn": f"{lower}_tile",
         "smem_offset": parent.num_pieces * parent.piece_bytes if tail else 0,
         "map": f"map_{lower}_tail" if tail else f"map_{lower}",
