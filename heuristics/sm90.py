@@ -1650,9 +1650,9 @@ def narrowed(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelC
     """A swapped `cfg` 8 narrower where that keeps its count of tiles along the user's M: the
     same grid with fewer padded rows (M = 1300 in 8 tiles of 168 instead of 176), and as many
     pipeline stages or more (the narrower tile takes less shared memory). The candidates' widths
-    step by 16 (BLOCK_NS: more would slow every select); 8 narrower needs a K-major A that no
-    pair splits (layout.structural_problems). Unswapped tiles are left alone: an unaligned
-    output cannot take them (sm90_checks.epilogue_problems)."""
+    step by 16 (BLOCK_NS: more would slow every select); 8 narrower needs a K-major A
+    (layout.structural_problems; a pair sharing it loads two overlapping boxes). Unswapped
+    tiles are left alone: an unaligned output cannot take them (sm90_checks.epilogue_problems)."""
     if not cfg.swap_ab or -(-problem.m // (cfg.block_n - 8)) != -(-problem.m // cfg.block_n):
         return cfg
     return _narrowed(cfg, device)

@@ -66,6 +66,14 @@ CASES = [
         "col",
         True,
     ),
+    (  # a pair sharing a 168-row K-major tile: 88 rows loaded by each CTA, 8 of them by both
+        "swap_ab_n168_pair_a",
+        dict(block_n=168, num_stages=4, swap_ab=True, cluster_size=2, multicast="A"),
+        (1300, 2000, 300),
+        "row",
+        "col",
+        False,
+    ),
     ("c_epilogue", dict(block_n=128, num_stages=4, has_c=True, out_dtype="fp32"), (300, 333, 200), "row", "row", True),
     ("b_tail", dict(block_n=144, num_stages=4, b_tail=True), (300, 500, 200), "row", "row", False),
     # one unswizzled output box per row block (176 = 11 x 16 columns), C read back from it

@@ -244,6 +244,12 @@ EIGHT_CASES = [
         (1300, 1000, 700),
     ),
     ("n168_mcastB", dict(block_n=168, num_stages=4, cluster_size=2, multicast="B"), (1000, 1304, 700)),
+    (
+        "swap_n216_mcastA",
+        dict(block_n=216, num_stages=3, cluster_size=2, multicast="A", swap_ab=True),
+        (1700, 900, 500),
+    ),
+    ("swap_n152_mcastA", dict(block_n=152, num_stages=5, cluster_size=2, multicast="A", swap_ab=True), (600, 700, 900)),
     # (unswapped: N keeps D's rows whole 16-byte units, as the whole-row box needs)
     ("n168_mcastA", dict(block_n=168, num_stages=4, cluster_size=2, multicast="A"), (1000, 1304, 700)),
     ("n72_splitk", dict(block_m=64, num_consumers=1, block_n=72, num_stages=8, split_k=3), (200, 520, 3000)),

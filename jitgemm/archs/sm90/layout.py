@@ -15,7 +15,9 @@ of 64 (block_n 80, 96, ..., 240) is loaded in 64-wide pieces, the last one padde
 and swizzle; wgmma covers it with a second, narrower instruction), so that no columns past the
 tile are loaded: 128x144 lands 144 columns of B per k-block, not 192. With TMA multicast of an
 operand, the two CTAs of a cluster each load half of that operand's pieces and multicast them
-to both CTAs.
+to both CTAs; a K-major tile whose halves are not whole 8-row swizzle atoms (168 rows) is
+loaded as two boxes of the next whole atoms (88 rows, at rows 0 and 80), their common rows
+landing twice with the same bytes (the cost model counts the tile's rows once).
 
 With `swap_ab` the kernel computes D^T = B^T A^T, so that the user's M lands on the wgmma's N
 side (any multiple of 16 up to 256, of 8 for a K-major A) and the user's N on its 64-row
