@@ -1652,8 +1652,15 @@ def narrowed(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> KernelC
     pipeline stages or more (the narrower tile takes less shared memory). The candidates' widths
     step by 16 (BLOCK_NS: more would slow every select); 8 narrower needs a K-major A
     (layout.structural_problems; a pair sharing it loads two overlapping boxes). Unswapped
-    tiles are left alone: an unaligned output cannot take them (sm90_checks.epilogue_problems)."""
-    if not cfg.swap_ab or -(-problem.m // (cfg.block_n - 8)) != -(-problem.m // cfg.block_n):
+    tiles are left alone: an unaligned output cannot take them (sm90_checks.epilogue_problems).
+    So is a C read back into an output whose rows are not whole 16-byte units: the direct
+    epilogue reads and writes the narrower tile's tail slower than the rows it saves (H200,
+    2026-12-06, graph replays of the wider tile / the narrower: 533 x 3731 x 421 0.84,
+    526 x 7809 x 1033 0.87, 1712 x 9903 x 7180 0.95; 8 such problems 0.95 geomean, against
+    1.01 with C aligned and 1.02 without C)."""
+    if not cfg.swap_ab or (problem.has_c and not problem.aligned_out):
+        return cfg
+    if -(-problem.m // (cfg.block_n - 8)) != -(-problem.m // cfg.block_n):
         return cfg
     return _narrowed(cfg, device)
 

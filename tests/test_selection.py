@@ -240,6 +240,13 @@ def test_swapped_tiles_are_narrowed_where_the_tile_count_stays():
     assert heuristics.select(Problem(600, *w), H200) == narrow
     # 610 rows need 4 tiles of 160 but 5 of 152: unchanged
     assert sm90.narrowed(wide, Problem(610, *w), H200) == wide
+    # a C read back into an output TMA cannot store: unchanged (the direct epilogue's tail is slow)
+    odd_c = Problem(600, 4095, 4096, "bf16", None, "K", "K", has_c=True)
+    wide_c = sm90._ranked_first(odd_c, H200)
+    assert wide_c.swap_ab and wide_c.block_n == 160, wide_c.name
+    assert sm90.narrowed(wide_c, odd_c, H200) == wide_c == heuristics.select(odd_c, H200)
+    aligned_c = Problem(600, *w, has_c=True)
+    assert sm90.narrowed(sm90._ranked_first(aligned_c, H200), aligned_c, H200).block_n == 152
     # a pair sharing the user's A narrows too (its CTAs load 88 of the 168 rows each, 8 in common)
     a_pair = sm90._ranked_first(Problem(1300, *w), H200)
     assert (a_pair.block_n, a_pair.multicast) == (176, "A"), a_pair.name
