@@ -38,10 +38,9 @@ every cost grows with M in a grain), gives that choice without costing from its 
 on (the second pays for the proof).
 """
 
-# (No `from __future__ import annotations`: typing.NamedTuple compiles every string annotation,
-# milliseconds of the first select's import for the tables below; later names are quoted.)
 import functools
-from typing import Any, NamedTuple
+import operator
+from typing import Any
 
 import numpy as np
 
@@ -467,7 +466,28 @@ def b_box_of(cfg: KernelConfig) -> int:
     return _b_box(cfg, layout_of(cfg))
 
 
-class _Tiling(NamedTuple):
+class _Record(tuple):
+    """The tables below: tuples whose fields are the names annotated in the class body (built
+    positionally; a field given a value defaults to it), as typing.NamedTuple makes them but
+    cheaper to define: a NamedTuple class compiles its constructor, 0.1-0.25 ms each, a
+    millisecond of the first select's import for these eight."""
+
+    def __init_subclass__(cls):
+        cls._fields = tuple(cls.__annotations__)
+        cls._field_defaults = {name: vars(cls)[name] for name in cls._fields if name in vars(cls)}
+        for i, name in enumerate(cls._fields):
+            setattr(cls, name, property(operator.itemgetter(i)))
+
+    def __new__(cls, *values):
+        if len(values) < len(cls._fields):
+            values += tuple(cls._field_defaults[name] for name in cls._fields[len(values) :])
+        return tuple.__new__(cls, values)
+
+    def _replace(self, **changes):
+        return type(self)(*(changes.get(name, value) for name, value in zip(self._fields, self)))
+
+
+class _Tiling(_Record):
     """What tiling the problem with each layout of a `Tiles` counts, whatever the split
     (elementwise): blocks, cluster units, the rows and columns read (see `traffic`), the
     operand rows streamed from DRAM, each operand weighted by the DRAM efficiency of its runs
@@ -604,7 +624,7 @@ def costs(
     return _byte_terms(problem, t, w, moved, np.maximum(w.fixed, lines), report, til, lines)
 
 
-class _Waves(NamedTuple):
+class _Waves(_Record):
     """The terms of `costs` that depend on how the work units of each candidate fill the grid,
     not on the bytes they move (M enters them only through its m block counts): see
     `_wave_terms`."""
@@ -995,10 +1015,13 @@ def with_stages(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, in
     return _staged(cfg, device)[:2]
 
 
-def _staged(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int, KernelLayout, int]:
+def _staged(
+    cfg: KernelConfig, device: DeviceSpec, lay: KernelLayout | None = None
+) -> tuple[KernelConfig, int, KernelLayout, int]:
     """`with_stages`, then a layout of `cfg` (at any stage count: they differ only in their
-    shared memory) and the shared memory of the staged config (`stage_smem`)."""
-    lay = layout_of(cfg)  # (one layout for every stage count tried)
+    shared memory; `lay` where the caller has one) and the shared memory of the staged config
+    (`stage_smem`)."""
+    lay = layout_of(cfg) if lay is None else lay  # (one layout for every stage count tried)
     capacity, whole = device.smem_capacity, lay.out_bytes_whole
     if pipeline_bytes(lay.stage_bytes, MIN_STAGES, cfg.num_consumers) + whole <= SMEM_CAPACITY:
         # `_stage_smem` grows by one stage and its two barriers a stage: solved as `max_stages` does
@@ -1049,16 +1072,17 @@ def with_tail(cfg: KernelConfig, device: DeviceSpec) -> KernelConfig | None:
 
 def _staged_tail(cfg: KernelConfig, device: DeviceSpec) -> tuple[KernelConfig, int, KernelLayout, int] | None:
     """`_staged` of `cfg`'s B-tail variant (see `with_tail`), or None where it has no tail."""
+    if cfg.b_major != "N":  # (a tail needs an N-major B, `structural_problems`: skip making one)
+        return None
     tail = cfg.derived(b_tail=True, split_k=1)
     return None if structural_problems(tail) else _staged(tail, device)
 
 
-class _Layouts(NamedTuple):
+class _Layouts(_Record):
     """Every tile layout of one kind of problem (device, dtypes, majors, C), in the rules'
     order, with what the rules that do not look at the shape said of each: the rules before
     the multicast side's (`pre`) and the structural and pipeline-depth rules (`post`)."""
 
-    descriptions: tuple
     fields: tuple  # the tile fields of each layout
     pre: tuple  # a rule's words, or None
     post: tuple
@@ -1112,9 +1136,8 @@ class _Layouts(NamedTuple):
 
 
 @functools.cache
-def _tile_layouts() -> tuple[tuple, tuple]:
-    """(descriptions, tile fields) of every tile layout, in the rules' order: the same for every
-    kind of problem."""
+def _tile_layouts() -> tuple:
+    """The tile fields of every tile layout, in the rules' order: the same for every kind of problem."""
     tiles = [
         dict(
             block_m=block_m,
@@ -1127,8 +1150,7 @@ def _tile_layouts() -> tuple[tuple, tuple]:
         for block_m in BLOCK_MS
         for block_n in BLOCK_NS
     ]
-    descriptions = (describe_layout(t["block_m"], t["block_n"], t["cluster_size"], t["multicast"]) for t in tiles)
-    return tuple(descriptions), tuple(tiles)
+    return tuple(tiles)
 
 
 def _split_table(tiles: Tiles) -> np.ndarray:
@@ -1142,7 +1164,7 @@ def _split_table(tiles: Tiles) -> np.ndarray:
 def _layouts(device: DeviceSpec, *kind) -> _Layouts:
     """The layouts of one kind of problem (dtype, out_dtype, a_major, b_major, has_c)."""
     like = Problem(1, 1, 1, *kind)  # a problem of that kind: the rules below read no shape
-    descriptions, fields = _tile_layouts()
+    fields = _tile_layouts()
     base = base_config(like, device)  # validated once: each tile's config derives from it
     pre, post, staged, laid = [], [], [], []  # laid: (layout, shared memory) of each staged config
     for tile in fields:
@@ -1154,7 +1176,8 @@ def _layouts(device: DeviceSpec, *kind) -> _Layouts:
             cfg = base.derived(**tile)
             later = "; ".join(structural_problems(cfg)) or None
             if later is None:
-                cfg, stages, lay, smem = _staged(cfg, device)
+                # (past layout_of's memo: each kind's configs are laid out once, here; it would only keep them)
+                cfg, stages, lay, smem = _staged(cfg, device, layout_of.__wrapped__(cfg))
                 later = stage_rule(cfg.block_m, cfg.block_n, stages)
             if later is None:
                 staged.append(cfg)
@@ -1174,7 +1197,6 @@ def _layouts(device: DeviceSpec, *kind) -> _Layouts:
     wide_boxes = tuple(sorted({(block_n, box) for block_n, box in boxes if box > block_n}))
     box_of = [wide_boxes.index(pair) if pair in wide_boxes else len(wide_boxes) for pair in boxes]
     return _Layouts(
-        tuple(descriptions),
         tuple(fields),
         tuple(pre),
         tuple(post),
@@ -1203,7 +1225,7 @@ def _layouts_of(problem: Problem, device: DeviceSpec) -> _Layouts:
     return _layouts(device, *_kind(problem))
 
 
-class _ByN(NamedTuple):
+class _ByN(_Record):
     """What a problem's N makes of the rows of a `_Layouts` (see `_traffic`), elementwise."""
 
     # Rows: n blocks, cluster units along N, the columns of B one row of cluster units reads,
@@ -1276,7 +1298,7 @@ def _a_side(problem: "Problem | _Shape", lay: _Layouts) -> tuple[list, list]:
     return rows, [m / dram_run_efficiency(RATES, min(piece, m) * elem) for _, _, piece in lay.classes]
 
 
-class _Rows(NamedTuple):
+class _Rows(_Record):
     """A problem's tiling by every row of the `_Layouts` of its kind, with what the rules that
     look at the shape read of each (per row, see `_by_m`): `exempt` from the single-wave rule,
     a pair that `can_share`; and the tables it was counted from."""
@@ -1382,7 +1404,7 @@ def _rows(problem: "Problem | _Shape", device: DeviceSpec, moves: bool = True) -
     return _Rows(lay, til, k_blocks, exempt, can_share & by_n.can_share, m_side, by_n, made)
 
 
-class _Search(NamedTuple):
+class _Search(_Record):
     """The legal candidates of a problem, costed (`costs`), and the layouts' fate."""
 
     layouts: _Layouts
@@ -1503,7 +1525,7 @@ assert not any(block_m % M_GRAIN for block_m in BLOCK_MS)
 assert all((block_m // 2) % SPAN_ROWS == 0 for block_m in BLOCK_MS) and ZERO_FILL_MAX_M <= SPAN_ROWS * M_GRAIN
 
 
-class _Skeleton(NamedTuple):
+class _Skeleton(_Record):
     """What select costs alike for every problem of one kind, N, K and ceil(M / M_GRAIN): the
     candidates (`_search`'s, but for the rule of M itself, `_zero_filled_a`, which
     `_grain_costs` applies; or, where no layout can split, every layout, those the rules
@@ -1571,7 +1593,7 @@ def _skeleton(device: DeviceSpec, kind: tuple, n: int, k: int, m_grains: int, pl
     return _Skeleton(lay, t, w, class_of, a_moves, b_moved, floor, groups, {})
 
 
-class _Shape(NamedTuple):
+class _Shape(_Record):
     """The fields of a `Problem` that `_rows` reads (a problem of a kind, N, K and M grain)."""
 
     m: int
@@ -1591,7 +1613,7 @@ def _rejections(problem: Problem, device: DeviceSpec, s: _Search) -> list[Reject
     # The pairs whose every split the single-wave rule removes, and the largest split of each.
     single_wave = (lay.tiles.cluster_size > 1) & (s.first >= s.count)
     largest_split = SPLIT_VALUES[s.count - 1]
-    for i, (desc, tile) in enumerate(zip(lay.descriptions, lay.fields)):
+    for i, tile in enumerate(lay.fields):
         rule = lay.pre[i]
         if rule is None and tile["cluster_size"] > 1:
             if _nothing_to_share(problem, tile["block_m"], tile["block_n"], tile["multicast"] == "A"):
@@ -1603,7 +1625,8 @@ def _rejections(problem: Problem, device: DeviceSpec, s: _Search) -> list[Reject
             split = int(largest_split[lay.row[i]])
             rule = single_wave_rule(problem, device, tile["block_m"], tile["block_n"], split, tile["multicast"])
         if rule is not None:
-            out.append(Rejection(desc, rule))
+            desc = describe_layout(tile["block_m"], tile["block_n"], tile["cluster_size"], tile["multicast"])
+            out.append(Rejection(desc, rule))  # (described here, not in `_tile_layouts`: select never asks)
     return out
 
 
