@@ -70,7 +70,7 @@ def random_problems(seed: int, count: int) -> list[Problem]:
 
 def problem_memos() -> list:
     """The memos of a problem's parts (not of a kind's layouts), in whichever of them this tree has."""
-    names = ("_skeleton", "_by_n", "_completed", "_swapped", "_last_partial_rows")
+    names = ("_skeleton", "_by_n", "_completed", "_swapped", "_narrowed", "_last_partial_rows")
     return [heuristics.select, geometry.choose_raster] + [getattr(sm90, n) for n in names if hasattr(sm90, n)]
 
 
