@@ -76,6 +76,7 @@ from jitgemm.heuristics.device import (
     DEFAULT_KINDS,
     RATE_NAMES,
     ArchRates,
+    CalibrationError,
     DeviceSpec,
     calibration_for,
     costing_with,
@@ -691,6 +692,11 @@ def run_fit(args) -> int:
         raise SystemExit(f"--fit: unknown rates {unknown}; ArchRates has {list(RATE_NAMES)}")
     if len(samples) < 2:
         raise SystemExit(f"{args.measurements}: {len(samples)} problems with times; a fit needs at least 2")
+    out = Path(args.out) if args.out else CALIBRATION_DIR / f"{header['kind']}.json"
+    if out.name != f"{header['kind']}.json":  # jitgemm finds a kind's rates by the file's name
+        raise SystemExit(
+            f"--out {out}: the rates of kind {header['kind']} must go in a file named {header['kind']}.json"
+        )
     train, held = split(samples, args.held_out, args.seed)
     print(
         f"{args.measurements}: {len(samples)} problems ({len(train)} to fit, {len(held)} held out), "
@@ -767,8 +773,10 @@ def run_fit(args) -> int:
             },
         },
     }
-    out = Path(args.out) if args.out else CALIBRATION_DIR / f"{header['kind']}.json"
-    parse_calibration(calibration, str(out), out.stem)  # what jitgemm will load
+    try:
+        parse_calibration(calibration, str(out), out.stem)  # what jitgemm will load
+    except CalibrationError as exc:
+        raise SystemExit(f"--out: {exc}") from None
     if header["kind"] != DEFAULT_KINDS.get(arch):
         print(
             f"note: {header['kind']} is not {arch}'s default kind ({DEFAULT_KINDS.get(arch)}): see heuristics/RATES.md "

@@ -527,6 +527,16 @@ def test_fit_refuses_what_it_cannot_use(tmp_path):
     assert done.returncode != 0 and "unknown rates ['warp_speed']" in done.stderr
 
 
+def test_fit_refuses_an_out_file_jitgemm_would_not_find_before_fitting(tmp_path):
+    measured = tmp_path / "m.json"
+    assert _script("measure", "--simulate", "--smoke", "--seed", "6", "--count", "4", "--out", measured).returncode == 0
+    for flags in ((), ("--dry-run",)):
+        done = _script("fit", measured, "--out", tmp_path / "h100fit.json", "--max-evals", "40", *flags)
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+        assert "--out" in done.stderr and "named sm_90a-132.json" in done.stderr
+        assert "evaluations" not in done.stdout and not (tmp_path / "h100fit.json").exists()
+
+
 def test_a_fitted_file_round_trips_through_the_loader(cal):
     data = copy.deepcopy(shipped())
     data["rates"] = dataclasses.asdict(dataclasses.replace(H200_RATES, launch_clk=cal.significant(2612.7)))
