@@ -2,11 +2,13 @@
 change of a rate or of a model constant moves the model's choices among the candidates that
 `examples/calibrate.py measure` timed on a GPU, before any GPU time is spent on it.
 
-    python examples/model_regret.py [FILE ...] [--set NAME=VALUE ...] [--halves]
+    python examples/model_regret.py [FILE ...] [--rates CALIBRATION] [--set NAME=VALUE ...] [--halves]
 
 FILE: measurement files of `calibrate.py measure` (default: every examples/data/calibration-*.json).
 --set NAME=VALUE: score with a rate of `heuristics.device.ArchRates` (l2_total_bytes_per_clk=3800)
 or an upper-case constant of the sm_90a model (L2_ROUND_TRIP_CLK=600) replaced; repeatable.
+--rates CALIBRATION: every rate of a calibration file (`calibrate.py fit --out DIR/<kind>.json`
+writes one), --set's on top.
 Each file is scored with the model as it is, then with the replacements: per file, the geomean
 regret of the model's pick (the measured time of the candidate it ranks first over the best
 measured candidate of the problem) and the share of measured pairs it orders right
@@ -34,7 +36,13 @@ import calibrate  # noqa: E402  (examples/calibrate.py: the measurement files an
 
 from jitgemm import heuristics  # noqa: E402
 from jitgemm.heuristics import DeviceSpec, sm90  # noqa: E402
-from jitgemm.heuristics.device import ArchRates, arch_rates, costing_with  # noqa: E402
+from jitgemm.heuristics.device import (  # noqa: E402
+    ArchRates,
+    CalibrationError,
+    arch_rates,
+    costing_with,
+    load_calibration,
+)
 
 DEVICE = DeviceSpec("sm_90a", 132)
 M_CLASSES = ((64, "decode"), (512, "small"), (2048, "medium"), (None, "large"))
@@ -146,17 +154,21 @@ def report(name: str, figures: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", type=Path, help="measurement files [examples/data/calibration-*.json]")
+    ap.add_argument("--rates", type=Path, metavar="CALIBRATION", help="a calibration file's rates")
     ap.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--halves", action="store_true", help="score even- and odd-indexed problems apart too")
     args = ap.parse_args(argv)
     try:
         rates, constants = parse_settings(args.settings)
-    except ValueError as exc:
+        if args.rates:
+            rates = {**dataclasses.asdict(load_calibration(args.rates).rates), **rates}
+    except (ValueError, CalibrationError) as exc:
         ap.error(str(exc))
     files = args.files or sorted((HERE / "data").glob("calibration-*.json"))
     if not files:
         ap.error("no measurement files given or found in examples/data")
-    print(f"replacing: {', '.join(args.settings) or 'nothing'}")
+    replacing = ([f"the rates of {args.rates}"] if args.rates else []) + args.settings
+    print(f"replacing: {', '.join(replacing) or 'nothing'}")
     for path in files:
         try:
             _, samples = calibrate.read_measurements(path)

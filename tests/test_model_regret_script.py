@@ -1,6 +1,8 @@
 """examples/model_regret.py: the cost model's picks scored against a calibration file, with a rate
 or a model constant replaced, and every replacement undone afterwards."""
 
+import json
+
 import pytest
 from example_scripts import EXAMPLES, load_example
 
@@ -66,3 +68,21 @@ def test_the_command_line(mr, capsys):
         mr.main(["--set", "NOPE=2"])
     assert exc.value.code == 2
     assert "'NOPE'" in capsys.readouterr().err
+
+
+def test_a_calibration_file_s_rates(mr, tmp_path, capsys):
+    source = EXAMPLES.parent / "heuristics" / "calibration" / "sm_90a-132.json"
+    data = json.loads(source.read_text())
+    data["rates"]["l2_total_bytes_per_clk"] = 3800
+    path = tmp_path / "sm_90a-132.json"
+    path.write_text(json.dumps(data))
+    assert mr.main([str(H200_FILE), "--rates", str(path)]) == 0
+    by_file = capsys.readouterr().out
+    assert mr.main([str(H200_FILE), "--set", "l2_total_bytes_per_clk=3800"]) == 0
+    by_set = capsys.readouterr().out
+    assert f"replacing: the rates of {path}" in by_file
+    assert by_file.splitlines()[1:] == by_set.splitlines()[1:]  # the same figures
+    path.write_text("{}")
+    with pytest.raises(SystemExit):
+        mr.main([str(H200_FILE), "--rates", str(path)])
+    assert str(path) in capsys.readouterr().err
