@@ -4,8 +4,9 @@ several configs each on a GPU, then fit the rates of heuristics/calibration/<kin
     python examples/calibrate.py measure [--out FILE] [--seed S] [--count 300] [--top 4]
                                          [--random 3] [--rounds 5] [--budget-s 300]
                                          [--max-work 5e11] [--jobs N] [--smoke] [--list] [--simulate]
-    python examples/calibrate.py fit MEASUREMENTS [--out FILE] [--held-out 0.25] [--seed 0]
-                                     [--rank-weight 1] [--fit NAMES] [--max-evals 600] [--dry-run]
+    python examples/calibrate.py fit MEASUREMENTS [MEASUREMENTS ...] [--out FILE] [--held-out 0.25]
+                                     [--seed 0] [--rank-weight 1] [--fit NAMES] [--max-evals 600]
+                                     [--dry-run]
 
 A device kind is an arch and an SM count (`heuristics.device.device_kind`, e.g. sm_90a-132 for
 the H200): a new GPU kind is a rerun of both phases on it, not a rewrite.
@@ -44,7 +45,9 @@ fit (on a CPU)
   the measured best, and its regret (the measured time of the pick over the measured best).
   Writes the calibration file (rates rounded to 3 significant digits) with its provenance: the
   GPU, the dates and commits of both phases, this script, the measurement file (name, sha256)
-  and the error figures.
+  and the error figures. Several measurement files of one kind fit together, as one set of
+  problems (their provenance is then a list, one entry a file); `examples/model_regret.py
+  --rates` scores the result on a file left out.
 """
 
 from __future__ import annotations
@@ -677,11 +680,46 @@ def _table(rows: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+# Sample indices of the k-th measurement file of a fit start at k * FILE_INDEX_STRIDE (unique).
+FILE_INDEX_STRIDE = 1_000_000
+
+
+def read_all(paths: list[Path]) -> tuple[list[dict], list[Sample]]:
+    """(each file's header, the problems of all of them), for files of one device kind."""
+    headers, samples = [], []
+    for k, path in enumerate(paths):
+        try:
+            header, part = read_measurements(path)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        if headers and header.get("kind") != headers[0].get("kind"):
+            raise SystemExit(f"{path}: kind {header.get('kind')}, not {headers[0].get('kind')} as {paths[0]}")
+        headers.append(header)
+        samples += [s._replace(index=k * FILE_INDEX_STRIDE + s.index) for s in part]
+    return headers, samples
+
+
+def _measurement_provenance(path: Path, header: dict, samples: list[Sample]) -> dict:
+    return {
+        "file": Path(path).name,
+        "sha256": _sha256(path),
+        "simulated": bool(header.get("simulated")),
+        "command": header.get("command"),
+        "git_dirty": header.get("git_dirty"),
+        "problems": len(samples),
+        "times": int(sum(len(s.us) for s in samples)),
+        "clocks_sm": [
+            header.get("gpu_before", {}).get("clocks.sm"),
+            header.get("gpu_after", {}).get("clocks.sm"),
+        ],
+        "rates_source": header.get("rates_source"),
+    }
+
+
 def run_fit(args) -> int:
-    try:
-        header, samples = read_measurements(args.measurements)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+    headers, samples = read_all(args.measurements)
+    header = headers[0]
+    named = ", ".join(map(str, args.measurements))
     arch, num_sms = header["arch"], header["num_sms"]
     device = DeviceSpec(arch, num_sms)
     start_cal, own = calibration_for(arch, num_sms)
@@ -691,7 +729,7 @@ def run_fit(args) -> int:
     if unknown:
         raise SystemExit(f"--fit: unknown rates {unknown}; ArchRates has {list(RATE_NAMES)}")
     if len(samples) < 2:
-        raise SystemExit(f"{args.measurements}: {len(samples)} problems with times; a fit needs at least 2")
+        raise SystemExit(f"{named}: {len(samples)} problems with times; a fit needs at least 2")
     out = Path(args.out) if args.out else CALIBRATION_DIR / f"{header['kind']}.json"
     if out.name != f"{header['kind']}.json":  # jitgemm finds a kind's rates by the file's name
         raise SystemExit(
@@ -699,7 +737,7 @@ def run_fit(args) -> int:
         )
     train, held = split(samples, args.held_out, args.seed)
     print(
-        f"{args.measurements}: {len(samples)} problems ({len(train)} to fit, {len(held)} held out), "
+        f"{named}: {len(samples)} problems ({len(train)} to fit, {len(held)} held out), "
         f"{sum(len(s.us) for s in samples)} times, {header.get('kind')} "
         f"({header.get('gpu_before', {}).get('name')}); starting from {start_cal.describe()}; fitting "
         f"{len(names)} rates by coordinate search (rank weight {args.rank_weight:g}, at most {args.max_evals} evaluations)",
@@ -731,31 +769,22 @@ def run_fit(args) -> int:
         mark = "" if n in names else "  (held)"
         print(f"{n:28}{getattr(start, n):>12}{getattr(fitted, n):>12}{mark}")
     fit_commit, fit_dirty = sweep.git_commit()
-    simulated = bool(header.get("simulated"))
+    simulated = any(h.get("simulated") for h in headers)
+    by_file = [
+        _measurement_provenance(path, h, [s for s in samples if s.index // FILE_INDEX_STRIDE == k])
+        for k, (path, h) in enumerate(zip(args.measurements, headers))
+    ]
     calibration = {
         "schema": CALIBRATION_SCHEMA,
         "kind": header["kind"],
         "measured": not simulated,
         "rates": dataclasses.asdict(fitted),
         "provenance": {
-            "gpu": header.get("gpu_before", {}).get("name"),
+            "gpu": ", ".join(dict.fromkeys(n for h in headers if (n := h.get("gpu_before", {}).get("name")))) or None,
             "date": str(header.get("date", ""))[:10] or None,
             "commit": header.get("git_commit"),
             "script": "examples/calibrate.py",
-            "measurements": {
-                "file": Path(args.measurements).name,
-                "sha256": _sha256(args.measurements),
-                "simulated": simulated,
-                "command": header.get("command"),
-                "git_dirty": header.get("git_dirty"),
-                "problems": len(samples),
-                "times": int(sum(len(s.us) for s in samples)),
-                "clocks_sm": [
-                    header.get("gpu_before", {}).get("clocks.sm"),
-                    header.get("gpu_after", {}).get("clocks.sm"),
-                ],
-                "rates_source": header.get("rates_source"),
-            },
+            "measurements": by_file[0] if len(by_file) == 1 else by_file,
             "fit": {
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "commit": fit_commit,
@@ -819,7 +848,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--num-sms", type=int, default=None, help="with --list/--simulate: its SM count [the arch's default]"
     )
     f = sub.add_parser("fit", help="fit the rates to a measurement file; write the calibration file")
-    f.add_argument("measurements", type=Path, help="a file written by `measure`")
+    f.add_argument("measurements", type=Path, nargs="+", help="files written by `measure`, of one device kind")
     f.add_argument("--out", help="the calibration file [heuristics/calibration/<kind>.json of this checkout]")
     f.add_argument("--held-out", type=float, default=HELD_OUT, help=f"share of the problems left out [{HELD_OUT}]")
     f.add_argument("--seed", type=int, default=0, help="the held-out split's seed [0]")

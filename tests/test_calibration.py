@@ -527,6 +527,26 @@ def test_fit_refuses_what_it_cannot_use(tmp_path):
     assert done.returncode != 0 and "unknown rates ['warp_speed']" in done.stderr
 
 
+def test_several_measurement_files_fit_together(tmp_path):
+    first, second, other = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    for path, seed, arch in ((first, "7", "sm_90a"), (second, "8", "sm_90a"), (other, "9", "sm_100a")):
+        made = _script(
+            "measure", "--simulate", "--smoke", "--seed", seed, "--count", "5", "--arch", arch, "--out", path
+        )
+        assert made.returncode == 0, made.stderr
+    out = tmp_path / "sm_90a-132.json"
+    done = _script("fit", first, second, "--out", out, "--max-evals", "30", "--fit", "launch_clk")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "10 problems" in done.stdout
+    prov = load_calibration(out).provenance
+    assert [m["file"] for m in prov["measurements"]] == ["a.json", "b.json"]
+    assert [m["problems"] for m in prov["measurements"]] == [5, 5]
+    assert prov["measurements"][1]["sha256"] == hashlib.sha256(second.read_bytes()).hexdigest()
+    mixed = _script("fit", first, other, "--dry-run")
+    assert mixed.returncode != 0 and "Traceback" not in mixed.stderr
+    assert str(other) in mixed.stderr and "sm_100a-148" in mixed.stderr
+
+
 def test_fit_refuses_an_out_file_jitgemm_would_not_find_before_fitting(tmp_path):
     measured = tmp_path / "m.json"
     assert _script("measure", "--simulate", "--smoke", "--seed", "6", "--count", "4", "--out", measured).returncode == 0
