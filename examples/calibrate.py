@@ -680,12 +680,13 @@ def _table(rows: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-# Sample indices of the k-th measurement file of a fit start at k * FILE_INDEX_STRIDE (unique).
+# Sample indices of the k-th measurement file of a fit start at k * FILE_INDEX_STRIDE.
 FILE_INDEX_STRIDE = 1_000_000
 
 
-def read_all(paths: list[Path]) -> tuple[list[dict], list[Sample]]:
-    """(each file's header, the problems of all of them), for files of one device kind."""
+def read_all(paths: list[Path]) -> tuple[list[dict], list[list[Sample]]]:
+    """(each file's header, each file's problems), for files of one device kind; the problems'
+    indices are unique across the files."""
     headers, samples = [], []
     for k, path in enumerate(paths):
         try:
@@ -695,7 +696,7 @@ def read_all(paths: list[Path]) -> tuple[list[dict], list[Sample]]:
         if headers and header.get("kind") != headers[0].get("kind"):
             raise SystemExit(f"{path}: kind {header.get('kind')}, not {headers[0].get('kind')} as {paths[0]}")
         headers.append(header)
-        samples += [s._replace(index=k * FILE_INDEX_STRIDE + s.index) for s in part]
+        samples.append([s._replace(index=k * FILE_INDEX_STRIDE + s.index) for s in part])
     return headers, samples
 
 
@@ -717,7 +718,8 @@ def _measurement_provenance(path: Path, header: dict, samples: list[Sample]) -> 
 
 
 def run_fit(args) -> int:
-    headers, samples = read_all(args.measurements)
+    headers, by_file = read_all(args.measurements)
+    samples = [s for part in by_file for s in part]
     header = headers[0]
     named = ", ".join(map(str, args.measurements))
     arch, num_sms = header["arch"], header["num_sms"]
@@ -770,10 +772,7 @@ def run_fit(args) -> int:
         print(f"{n:28}{getattr(start, n):>12}{getattr(fitted, n):>12}{mark}")
     fit_commit, fit_dirty = sweep.git_commit()
     simulated = any(h.get("simulated") for h in headers)
-    by_file = [
-        _measurement_provenance(path, h, [s for s in samples if s.index // FILE_INDEX_STRIDE == k])
-        for k, (path, h) in enumerate(zip(args.measurements, headers))
-    ]
+    measured = [_measurement_provenance(*file) for file in zip(args.measurements, headers, by_file)]
     calibration = {
         "schema": CALIBRATION_SCHEMA,
         "kind": header["kind"],
@@ -784,7 +783,7 @@ def run_fit(args) -> int:
             "date": str(header.get("date", ""))[:10] or None,
             "commit": header.get("git_commit"),
             "script": "examples/calibrate.py",
-            "measurements": by_file[0] if len(by_file) == 1 else by_file,
+            "measurements": measured[0] if len(measured) == 1 else measured,
             "fit": {
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "commit": fit_commit,

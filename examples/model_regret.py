@@ -37,7 +37,7 @@ import calibrate  # noqa: E402  (examples/calibrate.py: the measurement files an
 from jitgemm import heuristics  # noqa: E402
 from jitgemm.heuristics import DeviceSpec, sm90  # noqa: E402
 from jitgemm.heuristics.device import (  # noqa: E402
-    ArchRates,
+    RATE_NAMES,
     CalibrationError,
     arch_rates,
     costing_with,
@@ -55,7 +55,6 @@ def m_class(m: int) -> str:
 def parse_settings(items: list[str]) -> tuple[dict, dict]:
     """(rate replacements, model-constant replacements) of --set NAME=VALUE items. ValueError
     naming the item for a malformed one, an unknown name or a value that is not a number."""
-    rate_names = {f.name for f in dataclasses.fields(ArchRates)}
     rates, constants = {}, {}
     for item in items:
         name, sep, text = item.partition("=")
@@ -65,7 +64,7 @@ def parse_settings(items: list[str]) -> tuple[dict, dict]:
             value = float(text)
         except ValueError:
             raise ValueError(f"--set {item!r}: {text!r} is not a number") from None
-        if name in rate_names:
+        if name in RATE_NAMES:
             rates[name] = value
         elif name.isupper() and isinstance(getattr(sm90, name, None), (int, float)):
             constants[name] = type(getattr(sm90, name))(value)
@@ -98,15 +97,10 @@ def replaced(rates: dict, constants: dict):
         _clear_memos()
 
 
-def picks(samples: list, rates: dict, constants: dict) -> list[tuple[int, float]]:
-    """Per problem with at least two candidates: (the index of the model's pick, its regret)."""
-    out = []
+def modelled(samples: list, rates: dict, constants: dict) -> list[np.ndarray]:
+    """The modelled cost of every candidate of every sample, with the replacements."""
     with replaced(rates, constants):
-        for s in samples:
-            if len(s.us) > 1:
-                pick = int(np.argmin(calibrate.model_cycles(s.problem, DEVICE, s.configs)))
-                out.append((pick, float(s.us[pick] / s.us.min())))
-    return out
+        return [calibrate.model_cycles(s.problem, DEVICE, s.configs) for s in samples]
 
 
 def geomean(values) -> float:
@@ -116,15 +110,16 @@ def geomean(values) -> float:
 def score(samples: list, rates: dict, constants: dict) -> dict:
     """The figures of one set of problems: `calibrate.metrics` before and after, and per M class
     the regrets and the picks the replacements change."""
-    multi = [s for s in samples if len(s.us) > 1]
-    with replaced({}, {}):
-        before = calibrate.metrics(samples, [calibrate.model_cycles(s.problem, DEVICE, s.configs) for s in samples])
-    with replaced(rates, constants):
-        after = calibrate.metrics(samples, [calibrate.model_cycles(s.problem, DEVICE, s.configs) for s in samples])
-    old, new = picks(multi, {}, {}), picks(multi, rates, constants)
+    costs_before, costs_after = modelled(samples, {}, {}), modelled(samples, rates, constants)
+    multi = [i for i, s in enumerate(samples) if len(s.us) > 1]
+
+    def picks(costs):  # (the model's pick, its regret) per problem with several candidates
+        return [(p := int(np.argmin(costs[i])), float(samples[i].us[p] / samples[i].us.min())) for i in multi]
+
+    old, new = picks(costs_before), picks(costs_after)
     classes = {}
     for _, name in M_CLASSES:
-        idx = [i for i, s in enumerate(multi) if m_class(s.problem.m) == name]
+        idx = [j for j, i in enumerate(multi) if m_class(samples[i].problem.m) == name]
         changed = [i for i in idx if old[i][0] != new[i][0]]
         classes[name] = {
             "problems": len(idx),
@@ -134,7 +129,11 @@ def score(samples: list, rates: dict, constants: dict) -> dict:
             "better": sum(new[i][1] < old[i][1] for i in changed),
             "worse": sum(new[i][1] > old[i][1] for i in changed),
         }
-    return {"before": before, "after": after, "classes": classes}
+    return {
+        "before": calibrate.metrics(samples, costs_before),
+        "after": calibrate.metrics(samples, costs_after),
+        "classes": classes,
+    }
 
 
 def report(name: str, figures: dict) -> str:
