@@ -724,7 +724,8 @@ class _Decision:
         self.b_major, self.b_copy = _operand_major(vb)
         self.has_c = vc is not None and beta != 0.0
         self.decode = (
-            config is None
+            not staged  # (host arrays are uploaded into aligned rows: the GEMM reads them)
+            and config is None
             and not os.environ.get(CONFIG_ENV_VAR, "").strip()
             and decode.reads_in_place(va, vb, self.b_major, self.b_copy)
             and decode.writes_in_place(vo)

@@ -99,8 +99,15 @@ def split_for(n: int, k: int, num_sms: int) -> Split:
         return blocks / (-(-blocks // slots) * slots)
 
     most = -(-k // (MIN_SPLIT_ROWS * WARPS_PER_BLOCK))
-    # the group counts that leave no group without rows
-    counts = sorted({-(-k // (rows_of(g) * WARPS_PER_BLOCK)) for g in range(1, most + 1)})
+    # the group counts that leave no group without rows, and whose last split ends where the
+    # kernel's 32-bit K indices reach (the splits round up; K may be near 2^31)
+    counts = sorted(
+        {
+            g
+            for g in {-(-k // (rows_of(g) * WARPS_PER_BLOCK)) for g in range(1, most + 1)}
+            if g * WARPS_PER_BLOCK * rows_of(g) < 1 << 31
+        }
+    )
     groups = next((g for g in counts if fill(g) >= WAVE_FILL), None)
     if groups is None:
         groups = max(counts, key=lambda g: (fill(g), -g))

@@ -8,8 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from jitgemm import compiler, decode
+from jitgemm import api, compiler, decode
 from jitgemm.arrays import View
+from jitgemm.problem import MAX_DIM
 from jitgemm.sass import find_tool, inspect_cubin
 
 needs_cuobjdump = pytest.mark.skipif(find_tool("cuobjdump") is None, reason="needs cuobjdump (nvidia wheels)")
@@ -40,6 +41,23 @@ def test_the_kernel_runs_a_few_rows_against_a_weight_tma_cannot_read(a, b, expec
     assert decode.reads_in_place(a, b, b_major, not tma_ready) == expected
 
 
+def test_host_arrays_run_the_gemm_on_their_aligned_uploads(monkeypatch):
+    """NumPy operands are uploaded into aligned rows (api._gemm_host), so the GEMM reads them:
+    no decode kernel, and a config to run (before: AttributeError for a <= 4 rows of a
+    against a row-major b of odd N)."""
+    from jitgemm.arrays import describe
+    from jitgemm.heuristics import DeviceSpec
+
+    monkeypatch.setattr(api, "device_spec", lambda ordinal: DeviceSpec("sm_90a", 132))
+    monkeypatch.delenv("JITGEMM_CONFIG", raising=False)
+    m, n, k = 2, 1001, 517
+    va, vb = describe(np.zeros((m, k), np.float16), "a"), describe(np.zeros((k, n), np.float16), "b")
+    b_major, b_copy = api._operand_major(vb)
+    assert decode.reads_in_place(va, vb, b_major, b_copy)  # on a device, it would run
+    d = api._Decision(va, vb, None, None, m, n, k, "fp16", 1.0, None, 0, staged=True)
+    assert not d.decode and d.cfg.b_major == "N"
+
+
 def test_outputs_are_written_in_place_at_any_strides_but_unfolded_ones():
     assert decode.writes_in_place(None)
     assert decode.writes_in_place(view((2, 9), (1, 2)))  # column-major
@@ -63,6 +81,13 @@ def test_the_grid_gives_every_row_to_one_split_of_whole_row_groups(n, k):
     waves = -(-s.blocks // slots)
     fill = s.blocks / (waves * slots)
     assert fill >= 0.75 or s.blocks <= slots  # full waves (or nearly), or a single one
+
+
+@pytest.mark.parametrize("n", [2, 64, 1000, 50257])
+def test_the_last_split_ends_inside_32_bits_at_the_largest_k(n):
+    s = decode.split_for(n, MAX_DIM, 132)
+    assert s.groups * decode.WARPS_PER_BLOCK * s.rows < 1 << 31  # (k0 + rows_per_split in the kernel)
+    assert s.groups * decode.WARPS_PER_BLOCK * s.rows >= MAX_DIM
 
 
 @pytest.mark.parametrize("n, k, groups", [(50257, 4096, 5), (151655, 4096, 3), (1001, 2049, 17), (32001, 4096, 2)])

@@ -170,3 +170,14 @@ def test_five_rows_or_a_forced_config_run_the_staged_gemm(gen):
         torch.cuda.synchronize()
         assert_close(got, a, b, "bf16")
         assert not any(isinstance(p.call, decode.DecodeLaunch) for p in api._plans.values())
+
+
+def test_host_arrays_against_such_a_weight_run_the_gemm_on_aligned_uploads(gen):
+    import numpy as np
+    import torch
+
+    m, n, k = 2, 1001, 517
+    a, b = randn((m, k), "fp16", gen), weight(k, n, "fp16", "odd", gen)
+    got = jitgemm.gemm(a.cpu().numpy(), b.cpu().numpy())
+    assert isinstance(got, np.ndarray)
+    assert_close(torch.from_numpy(got).cuda(), a, b, "fp16")
