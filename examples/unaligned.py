@@ -54,6 +54,11 @@ PAIRS = [
     ((1, 50257, 4096), (1, 50256, 4096), False),
     ((2, 32001, 4096), (2, 32000, 4096), False),
     ((2, 16332, 960), (2, 16336, 960), False),
+    # decode against W.t() of a K not a multiple of 8: read in place by the K-major decode kernel
+    ((1, 4096, 4097), (1, 4096, 4096), True),
+    ((2, 4144, 14084), (2, 4144, 14080), True),
+    ((8, 14336, 4095), (8, 14336, 4096), True),
+    ((16, 11008, 4100), (16, 11008, 4096), True),
 ]
 SMOKE_PAIRS = [
     ((1001, 3001, 2049), (1000, 3000, 2048), False),
@@ -94,7 +99,7 @@ def bench_pair(unaligned, aligned, w_t, rounds):
         out.fill_(float("nan"))
         jitgemm.gemm(a, b, out=out)
         check(a, b, out)
-    decoded = any(isinstance(plan.call, decode.DecodeLaunch) for plan in api._plans.values())
+    decoders = {plan.call.kernel.name for plan in api._plans.values() if isinstance(plan.call, decode.DecodeLaunch)}
     g_odd = graph_of(lambda a, b, o: jitgemm.gemm(a, b, out=o), odd)
     g_even = graph_of(lambda a, b, o: jitgemm.gemm(a, b, out=o), even)
     g_ref = graph_of(lambda a, b, o: torch.matmul(a, b, out=o), odd)
@@ -133,7 +138,7 @@ def bench_pair(unaligned, aligned, w_t, rounds):
         "host_us": host_odd,
         "aligned_host_us": host_even,
         "host_ratio": host_odd / host_even,
-        "config": "decode kernel (decode.py)" if decoded else api.config_for(problem).name,
+        "config": f"{', '.join(sorted(decoders))} (decode.py)" if decoders else api.config_for(problem).name,
     }
 
 

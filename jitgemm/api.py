@@ -461,9 +461,10 @@ def gemm(
         strides: row-major arrays and transposed views (``x.T``) are read in place when TMA
         allows it (16-byte aligned base address and leading stride, unit inner stride, rows of
         whole 16-byte units); other layouts are copied into an aligned buffer, with a one-time
-        :class:`FallbackCopyWarning` naming the argument, except a `b` whose rows along N have
-        unit stride when `a` has at most four rows: a decode kernel then reads `b` in place
-        (unless `config` or ``JITGEMM_CONFIG`` forces the GEMM). Zero (broadcast) and negative strides
+        :class:`FallbackCopyWarning` naming the argument, except a `b` whose rows along N (or
+        columns along K, as ``W.t()``) have unit stride when `a` has at most four (sixteen)
+        rows: a decode kernel then reads `b` in place (unless `config` or ``JITGEMM_CONFIG``
+        forces the GEMM). Zero (broadcast) and negative strides
         raise ValueError. An N-D `a` (..., K), such as activations (batch, seq, hidden) as
         ``F.linear`` takes them, is computed as one (M, K) matrix of M = prod(...) rows: read in
         place when its leading dimensions step through memory with one stride (a row-major
@@ -717,19 +718,20 @@ class _Decision:
         staged: bool = False,
     ):
         """`vo` None: the result is allocated (row-major, N columns). `staged`: host arrays,
-        uploaded into aligned buffers (every output TMA-ready). `decode`: the decode kernel
-        runs the call (decode.py: a few rows of a against a b TMA cannot read, the kernel
-        configuration not forced), and `cfg` is unset until `gemm_instead`."""
+        uploaded into aligned buffers (every output TMA-ready). `decode`: the decoder whose
+        kernel runs the call (decode.py: a few rows of a against a b TMA cannot read, the kernel
+        configuration not forced), else None; `cfg` is unset until `gemm_instead`."""
         self.a_major, self.a_copy = _operand_major(va)
         self.b_major, self.b_copy = _operand_major(vb)
         self.has_c = vc is not None and beta != 0.0
         self.decode = (
-            not staged  # (host arrays are uploaded into aligned rows: the GEMM reads them)
+            decode.decoder_for(va, vb, self.b_major, self.b_copy)
+            if not staged  # (host arrays are uploaded into aligned rows: the GEMM reads them)
             and config is None
             and not os.environ.get(CONFIG_ENV_VAR, "").strip()
-            and decode.reads_in_place(va, vb, self.b_major, self.b_copy)
             and decode.writes_in_place(vo)
             and (not self.has_c or decode.writes_in_place(vc))
+            else None
         )
         # The output rows TMA cannot address but a kernel can store to in place (odd N, a
         # misaligned view): out_direct kernels do, others go through aligned copies.
@@ -749,7 +751,7 @@ class _Decision:
             aligned_out=staged or not (d_unaligned or c_unaligned),
         )
         self.out_ready, self.c_ready = out_ready, c_ready
-        if not self.decode:  # (cfg is set by `_choose`)
+        if self.decode is None:  # (cfg is set by `_choose`)
             self._choose(vo, vc, dev, config)
 
     def _choose(self, vo: View | None, vc: View | None, dev: int, config: KernelConfig | None) -> None:
@@ -759,7 +761,7 @@ class _Decision:
 
     def gemm_instead(self, vo: View, vc: View | None, dev: int) -> None:
         """The GEMM (its operands staged) where the decode kernel cannot be had now."""
-        self.decode = False
+        self.decode = None
         self._choose(vo, vc, dev, None)
 
     def copy_outputs_instead(self) -> bool:
@@ -805,8 +807,8 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decisi
         return result()
 
     d = decision
-    if d.decode:
-        call = _decode_launch(d, va, vb, vo, vc, alpha, beta, dev, handle)
+    if d.decode is not None:
+        call = _decode_launch(d.decode, d.has_c, va, vb, vo, vc, alpha, beta, dev, handle)
         if call is not None:
             call()
             if _plannable(plan_key, lib, (va, vb, vc, vo)):
@@ -865,15 +867,26 @@ def _gemm_device(a, va, vb, vo, vc, m, n, k, out_shape, odt, alpha, beta, decisi
     return result()
 
 
-def _decode_launch(d: _Decision, va: View, vb: View, vd: View, vc: View | None, alpha, beta, dev: int, stream: int):
-    """The decode kernel's launch (decode.py) for these views, or None where the kernel cannot
-    be had now (met first inside a capture, or not in the disk cache under JITGEMM_OFFLINE=1)."""
+def _decode_launch(
+    decoder: decode.Decoder,
+    has_c: bool,
+    va: View,
+    vb: View,
+    vd: View,
+    vc: View | None,
+    alpha,
+    beta,
+    dev: int,
+    stream: int,
+):
+    """`decoder`'s launch (decode.py) for these views, or None where its kernel cannot be had
+    now (met first inside a capture, or not in the disk cache under JITGEMM_OFFLINE=1)."""
     spec = device_spec(dev)
-    kernel = decode.KERNEL.get_unless_blocked(spec.arch, dev, stream)
+    kernel = decoder.kernel.get_unless_blocked(spec.arch, dev, stream)
     if kernel is None:
         return None
-    vc_k = vc if d.has_c else None
-    return decode.DecodeLaunch(kernel, va, vb, vd, vc_k, alpha, beta, spec.num_sms, dev, stream)
+    vc_k = vc if has_c else None
+    return decode.DecodeLaunch(decoder, kernel, va, vb, vd, vc_k, alpha, beta, spec.num_sms, dev, stream)
 
 
 def _staged_operands(d: _Decision, va: View, vb: View, dev: int, stream: int) -> tuple:

@@ -513,7 +513,9 @@ def _build_one(config: KernelConfig) -> dict:
 # The kernels of one source that calls beside the GEMMs use: summary key -> (kernel, what it is).
 FIXED_KERNELS = {
     "staging": (staging.KERNEL, "operand staging kernel"),  # operands TMA cannot read in place
-    "decode": (decode.KERNEL, "decode kernel"),  # a few rows against a weight TMA cannot read
+    # a few rows against a weight TMA cannot read: row-major, K-major
+    "decode": (decode.ROWS.kernel, "decode kernel"),
+    "decode_cols": (decode.COLS.kernel, "K-major decode kernel"),
 }
 
 

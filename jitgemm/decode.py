@@ -1,12 +1,18 @@
-"""Decode against weights TMA cannot read: a of M <= MAX_ROWS rows times a b whose rows have unit
-stride but are not whole 16-byte units (odd N, a misaligned view), by a kernel that reads b in
-place (templates/common/decode_rows.cuh) instead of staging it and running the GEMM.
+"""Decode against weights TMA cannot read: a of a few rows times a b whose rows (or columns)
+have unit stride but are not whole 16-byte units, by a kernel that reads b in place instead of
+staging it and running the GEMM. Two kernels, one per b layout (`Decoder`):
+
+- ROWS (templates/common/decode_rows.cuh): a row-major b (odd N, a misaligned view), M <= 4,
+  fp32 FMAs on the CUDA cores;
+- COLS (templates/common/decode_cols.cuh): a K-major b (b = W.t() as nn.Linear holds W; K not a
+  multiple of 8, a misaligned view), M <= 16, m16n8k16 tensor-core products.
 
 Why: at these M the GEMM reads b once, so staging it (read and written once more) triples the
 traffic. On an H100 (2026-12-02, CUDA graphs, 4 weights rotated): 1x50257x4096 161 us against
 445 staged (cuBLAS 243), 2x32001x4096 118 against 288 (cuBLAS 162); 3 and 4 rows still run in
 about half the staged time but at 0.77-0.97x cuBLAS, whose kernels for them are faster than
-for one row (BENCHMARKS.md, session 9). Five rows and more keep the staged GEMM.
+for one row (BENCHMARKS.md, session 9). Five rows and more keep the staged GEMM for a row-major
+b: ROWS' FMAs fall behind its loads there (COLS' tensor cores do not).
 """
 
 from __future__ import annotations
@@ -20,61 +26,15 @@ from .fixed_kernels import FixedKernel
 from .launch import REGIONS, Launch
 from .problem import DTYPE_BYTES, Problem
 
-MAX_ROWS = 4  # the kernel's MAX_M
-THREADS = 256  # the kernel's __launch_bounds__
+THREADS = 256  # the kernels' __launch_bounds__
 WARPS_PER_BLOCK = THREADS // 32
-STRIP = 31 * 8  # columns per warp (the kernel's STRIP)
-ROWS_IN_FLIGHT = 8  # the kernel's: a split's rows are a multiple of it
-BLOCKS_PER_SM = 2  # the kernel's __launch_bounds__(THREADS, 2)
-WAVE_FILL = 0.95  # see `split_for`
-# The fewest rows of b a split reads: the partial sums (M x STRIP fp32 a group, written and read
-# back through L2) stay small beside the bytes streamed.
-MIN_SPLIT_ROWS = 16
-
-KERNEL = FixedKernel("jitgemm_decode_rows", ("realign.cuh", "decode_rows.cuh"), THREADS, "the decode kernel")
-
-
-def reads_in_place(va: View, vb: View, b_major: int, b_copy: bool) -> bool:
-    """Whether the decode kernel runs `va @ vb`: M <= MAX_ROWS rows of a (any strides) and a b
-    TMA cannot read (`b_copy`) whose rows along N have unit stride; both element-aligned."""
-    m = va.shape[0]
-    return (
-        0 < m <= MAX_ROWS
-        and b_copy
-        and b_major == 1
-        and va.strides is not None
-        and vb.strides is not None
-        and vb.strides[1] == 1
-        and va.ptr % va.itemsize == 0
-        and vb.ptr % vb.itemsize == 0
-    )
-
-
-def explain_note(problem: Problem) -> str | None:
-    """What `jitgemm explain` says of `problem` where a contiguous row-major b of its N would
-    run the decode kernel (`reads_in_place`), not the GEMM explained."""
-    if problem.m > MAX_ROWS or problem.b_major != "N" or problem.n * DTYPE_BYTES[problem.dtype] % TMA_ALIGN == 0:
-        return None
-    return (
-        f"gemm() runs the decode kernel (jitgemm/decode.py), not this GEMM, for M <= {MAX_ROWS} against a b "
-        f"whose rows TMA cannot read, as a row-major b of N = {problem.n} (unless a config is forced)"
-    )
-
-
-def writes_in_place(view: View | None) -> bool:
-    """Whether the kernel writes (or reads, for c) `view` where it is: any strides of a 2-D
-    view, element-aligned (None: the result jitgemm allocates)."""
-    return view is None or (view.strides is not None and view.ptr % view.itemsize == 0)
-
-
-def kernel_rows(m: int) -> int:
-    """The rows of a the kernel's instance for M rows sums (3 rows run the 4-row kernel)."""
-    return m if m <= 2 else MAX_ROWS
+BLOCKS_PER_SM = 2  # the kernels' __launch_bounds__(THREADS, 2)
+WAVE_FILL = 0.95  # see `Decoder.split_for`
 
 
 class Split(NamedTuple):
-    """The grid: N in strips of STRIP columns, K in splits of whole ROWS_IN_FLIGHT rows, a block
-    for each strip and group of WARPS_PER_BLOCK consecutive splits (a warp each)."""
+    """The grid: N in strips of `Decoder.strip` columns, K in splits of whole `granule` rows, a
+    block for each strip and group of WARPS_PER_BLOCK consecutive splits (a warp each)."""
 
     strips: int
     groups: int
@@ -82,40 +42,116 @@ class Split(NamedTuple):
     blocks: int
 
 
-def split_for(n: int, k: int, num_sms: int) -> Split:
-    """The fewest groups a strip whose blocks fill their waves (BLOCKS_PER_SM blocks a SM) to
-    WAVE_FILL, else the fullest waves; at most as many groups as K has splits of MIN_SPLIT_ROWS
-    rows. Every block streams as many rows, so a wave's empty slots are lost time: 203 blocks
-    (1x50257x4096) ran at 1958 GB/s on the H200's 264 slots, where the scratch kernel's single
-    full wave reached 2541."""
-    strips = -(-n // STRIP)
-    slots = num_sms * BLOCKS_PER_SM
+class Decoder(NamedTuple):
+    """One decode kernel and the geometry the host shares with it (its constants)."""
 
-    def rows_of(groups: int) -> int:  # a split's rows: whole ROWS_IN_FLIGHT
-        return -(-k // (groups * WARPS_PER_BLOCK * ROWS_IN_FLIGHT)) * ROWS_IN_FLIGHT
+    kernel: FixedKernel
+    b_major: int  # the dimension of b (K, N) with unit stride: 1 rows along N, 0 columns along K
+    max_m: int  # rows of a (the kernel's MAX_M)
+    strip: int  # columns of b a warp takes (STRIP)
+    granule: int  # a split's rows of b are a multiple of it (ROWS_IN_FLIGHT, WINDOW)
+    # The fewest rows of b a split reads: the partial sums (M x strip fp32 a group, written and
+    # read back through L2) stay small beside the bytes streamed.
+    min_split_rows: int
+    sum_rows: tuple  # the kernel instances' rows of a, ascending (M runs the first >= M)
 
-    def fill(groups: int) -> float:
-        blocks = strips * groups
-        return blocks / (-(-blocks // slots) * slots)
+    def kernel_rows(self, m: int) -> int:
+        """The rows of a the kernel's instance for M rows sums (and lays out its partials for)."""
+        return next(rows for rows in self.sum_rows if rows >= m)
 
-    most = -(-k // (MIN_SPLIT_ROWS * WARPS_PER_BLOCK))
-    # the group counts that leave no group without rows, and whose last split ends where the
-    # kernel's 32-bit K indices reach (the splits round up; K may be near 2^31)
-    counts = sorted(
-        {
-            g
-            for g in {-(-k // (rows_of(g) * WARPS_PER_BLOCK)) for g in range(1, most + 1)}
-            if g * WARPS_PER_BLOCK * rows_of(g) < 1 << 31
-        }
+    def split_for(self, n: int, k: int, num_sms: int) -> Split:
+        """The fewest groups a strip whose blocks fill their waves (BLOCKS_PER_SM blocks a SM) to
+        WAVE_FILL, else the fullest waves; at most as many groups as K has splits of
+        min_split_rows rows. Every block streams as many rows, so a wave's empty slots are lost
+        time: 203 blocks (1x50257x4096) ran at 1958 GB/s on the H200's 264 slots, where the
+        scratch kernel's single full wave reached 2541."""
+        strips = -(-n // self.strip)
+        slots = num_sms * BLOCKS_PER_SM
+        granule = self.granule
+
+        def rows_of(groups: int) -> int:  # a split's rows: whole granules
+            return -(-k // (groups * WARPS_PER_BLOCK * granule)) * granule
+
+        def fill(groups: int) -> float:
+            blocks = strips * groups
+            return blocks / (-(-blocks // slots) * slots)
+
+        most = -(-k // (self.min_split_rows * WARPS_PER_BLOCK))
+        # the group counts that leave no group without rows, and whose last split ends where
+        # the kernels' 32-bit K indices reach (the splits round up; K may be near 2^31)
+        counts = sorted(
+            {
+                g
+                for g in {-(-k // (rows_of(g) * WARPS_PER_BLOCK)) for g in range(1, most + 1)}
+                if g * WARPS_PER_BLOCK * rows_of(g) < 1 << 31
+            }
+        )
+        groups = next((g for g in counts if fill(g) >= WAVE_FILL), None)
+        if groups is None:
+            groups = max(counts, key=lambda g: (fill(g), -g))
+        return Split(strips, groups, rows_of(groups), strips * groups)
+
+
+ROWS = Decoder(
+    FixedKernel("jitgemm_decode_rows", ("realign.cuh", "decode_rows.cuh"), THREADS, "the decode kernel"),
+    b_major=1,
+    max_m=4,
+    strip=31 * 8,
+    granule=8,
+    min_split_rows=16,
+    sum_rows=(1, 2, 4),  # 3 rows run the 4-row instance
+)
+COLS = Decoder(
+    FixedKernel("jitgemm_decode_cols", ("realign.cuh", "decode_cols.cuh"), THREADS, "the K-major decode kernel"),
+    b_major=0,
+    max_m=16,
+    strip=64,
+    granule=32,
+    min_split_rows=64,
+    sum_rows=(8, 16),  # one or two n8 products
+)
+DECODERS = (ROWS, COLS)
+
+
+def decoder_for(va: View, vb: View, b_major: int, b_copy: bool) -> Decoder | None:
+    """The decoder that runs `va @ vb`, if one does: M <= its max_m rows of a (any strides)
+    and a b TMA cannot read (`b_copy`) with unit stride along the decoder's dimension; both
+    element-aligned."""
+    m = va.shape[0]
+    if not (b_copy and va.strides is not None and vb.strides is not None):
+        return None
+    if va.ptr % va.itemsize or vb.ptr % vb.itemsize:
+        return None
+    for dec in DECODERS:
+        if 0 < m <= dec.max_m and b_major == dec.b_major and vb.strides[dec.b_major] == 1:
+            return dec
+    return None
+
+
+def explain_note(problem: Problem) -> str | None:
+    """What `jitgemm explain` says of `problem` where a contiguous b of its layout would run a
+    decode kernel (`decoder_for`), not the GEMM explained."""
+    b_major = 1 if problem.b_major == "N" else 0
+    dec = next((d for d in DECODERS if d.b_major == b_major), None)
+    row = problem.n if b_major else problem.k  # the elements of b's unit-stride rows
+    if dec is None or problem.m > dec.max_m or row * DTYPE_BYTES[problem.dtype] % TMA_ALIGN == 0:
+        return None
+    what = f"a row-major b of N = {problem.n}" if b_major else f"a K-major b (W.t()) of K = {problem.k}"
+    return (
+        f"gemm() runs {dec.kernel.what} (jitgemm/decode.py), not this GEMM, for M <= {dec.max_m} against a b "
+        f"whose rows TMA cannot read, as {what} (unless a config is forced)"
     )
-    groups = next((g for g in counts if fill(g) >= WAVE_FILL), None)
-    if groups is None:
-        groups = max(counts, key=lambda g: (fill(g), -g))
-    return Split(strips, groups, rows_of(groups), strips * groups)
+
+
+def writes_in_place(view: View | None) -> bool:
+    """Whether the kernels write (or read, for c) `view` where it is: any strides of a 2-D
+    view, element-aligned (None: the result jitgemm allocates)."""
+    return view is None or (view.strides is not None and view.ptr % view.itemsize == 0)
 
 
 class _DecodeArgs(ctypes.Structure):
-    """The kernel's DecodeArgs."""
+    """The kernels' DecodeArgs (the same fields in both; b_row is the stride of b's rows for
+    ROWS, of its columns for COLS)."""
 
     _fields_ = [
         ("a", ctypes.c_uint64),
@@ -152,14 +188,16 @@ def _strides(view: View | None) -> tuple:
 
 
 class DecodeLaunch(Launch):
-    """The decode of one call site, parameters packed once (`Launch`): a, b, the result and c
-    as described by their views (their addresses patched by `launch_at`), the grid of
-    `split_for`, and the workspace's partials and counters regions."""
+    """The decode of one call site, parameters packed once (`Launch`): `decoder`'s kernel (as
+    loaded), a, b, the result and c as described by their views (their addresses patched by
+    `launch_at`), the grid of `Decoder.split_for`, and the workspace's partials and counters
+    regions."""
 
     __slots__ = ("kernel", "args", "params", "address", "config", "workspace_sizes", "split")
 
     def __init__(
         self,
+        decoder: Decoder,
         kernel: runtime.LoadedKernel,
         va: View,
         vb: View,
@@ -173,11 +211,11 @@ class DecodeLaunch(Launch):
     ):
         super().__init__(device, stream)
         (m, k), n = va.shape, vb.shape[1]
-        self.kernel, self.split = kernel, split_for(n, k, num_sms)
+        self.kernel, self.split = kernel, decoder.split_for(n, k, num_sms)
         strips, groups, rows, blocks = self.split
         args = self.args = _DecodeArgs()
         args.a_row, args.a_col = va.strides
-        args.b_row = vb.strides[0]
+        args.b_row = vb.strides[1 - decoder.b_major]
         args.out_row, args.out_col = vd.strides
         args.c_row, args.c_col = _strides(vc)
         args.alpha, args.beta = alpha, beta
@@ -187,7 +225,7 @@ class DecodeLaunch(Launch):
         self.params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
         self.address = ctypes.addressof(self.params)
         self.config = runtime.launch_config(kernel, blocks, stream)
-        partials = strips * groups * kernel_rows(m) * STRIP * 4
+        partials = strips * groups * decoder.kernel_rows(m) * decoder.strip * 4
         self.workspace_sizes = (partials, strips * 4) + (0,) * (len(REGIONS) - 2)
         self.repoint(va.ptr, vb.ptr, vd.ptr, 0 if vc is None else vc.ptr)
 

@@ -97,6 +97,7 @@ CASES = [
 ]
 UNALIGNED = (301, 203, 77)  # K and N odd: the operands are staged (staging.py), the result (odd N) stored directly
 DECODE = (2, 301, 999)  # 2 rows against a view of b 2 bytes into a unit
+DECODE_COLS = (11, 133, 1001)  # 11 rows against W.t() of odd K in a padded view: the cols kernel
 
 
 def run() -> None:
@@ -130,6 +131,16 @@ def run() -> None:
         torch.cuda.synchronize()
         assert_close(out, a, b, "fp32", c=c, beta=0.5)
     print("ok decode", flush=True)
+    # the K-major decode kernel: W's last column units element by element, three strips (the
+    # last mostly past N), a K split, two n8 products
+    m, n, k = DECODE_COLS
+    a = random_operand(m, k, "bf16", "row", gen)
+    b = random_operand(n, k + 3, "bf16", "row", gen)[:, 1 : k + 1].t()
+    for _ in range(2):
+        out = jitgemm.gemm(a, b)
+        torch.cuda.synchronize()
+        assert_close(out, a, b, "bf16")
+    print("ok decode cols", flush=True)
 
 
 if __name__ == "__main__":

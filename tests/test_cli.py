@@ -668,8 +668,15 @@ def test_explain_says_where_gemm_runs_the_decode_kernel_instead(monkeypatch):
     monkeypatch.delenv("JITGEMM_CONFIG", raising=False)
     _, report = invoke_json("explain", 2, 50257, 4096, *TARGET)  # a row-major b of odd N
     assert "decode kernel" in report["decode"] and "N = 50257" in report["decode"]
-    for args in ((5, 50257, 4096), (2, 50256, 4096), (2, 50257, 4096, "--layout", "nn")):
-        assert "decode" not in invoke_json("explain", *args, *TARGET)[1]  # 5 rows, aligned rows, W.t()
+    _, report = invoke_json("explain", 16, 4096, 4097, "--layout", "nn", *TARGET)  # W.t() of odd K
+    assert "K-major decode kernel" in report["decode"] and "K = 4097" in report["decode"]
+    for args in (
+        (5, 50257, 4096),  # 5 rows of a against a row-major b
+        (2, 50256, 4096),  # aligned rows
+        (2, 50257, 4096, "--layout", "nn"),  # W.t() of aligned K
+        (17, 4096, 4097, "--layout", "nn"),  # 17 rows of a against W.t()
+    ):
+        assert "decode" not in invoke_json("explain", *args, *TARGET)[1]
     forced = heuristics.select(Problem(2, 50257, 4096), H200).to_json()
     assert "decode" not in invoke_json("explain", 2, 50257, 4096, *TARGET, "--config", forced)[1]
 
@@ -691,9 +698,9 @@ def test_console_script_end_to_end(tmp_cache, tmp_path):
     summary = json.loads(out.stdout)
     listing = json.loads(run("cache", "list", "--json").stdout)
     built = [r["key"] for r in summary["kernels"]]
-    built += [r["key"] for name in ("staging", "decode") for r in summary[name].values()]
+    built += [r["key"] for name in ("staging", "decode", "decode_cols") for r in summary[name].values()]
     assert sorted(e["key"] for e in listing["entries"]) == sorted(built)
-    for name in ("staging", "decode"):
+    for name in ("staging", "decode", "decode_cols"):
         assert list(summary[name]) == ["sm_90a"] and summary[name]["sm_90a"]["status"] == "compiled"
     assert run("cache", "verify").returncode == 0
     assert run("--version").stdout.strip().endswith(__import__("jitgemm").__version__)

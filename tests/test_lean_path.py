@@ -153,8 +153,9 @@ def fake(monkeypatch):
     monkeypatch.setattr(staging.KERNEL, "get", lambda arch, ordinal: stage_kernel)
     monkeypatch.setattr(staging.KERNEL, "is_loaded", lambda arch, ordinal: True)
     decode_kernel = runtime.LoadedKernel(None, None, "fake_decode", 0, 256, 1, True)
-    monkeypatch.setattr(decode.KERNEL, "get", lambda arch, ordinal: decode_kernel)
-    monkeypatch.setattr(decode.KERNEL, "is_loaded", lambda arch, ordinal: True)
+    for decoder in decode.DECODERS:
+        monkeypatch.setattr(decoder.kernel, "get", lambda arch, ordinal: decode_kernel)
+        monkeypatch.setattr(decoder.kernel, "is_loaded", lambda arch, ordinal: True)
     lib.decodes = []  # (a, b, out, c, partials, counters) of each decode launch
     monkeypatch.setattr(
         decode.DecodeLaunch, "_launch_with", lambda call, regions: lib.decodes.append(_decoded(call, regions))
@@ -501,8 +502,8 @@ def test_a_decode_seen_before_patches_only_the_addresses(fake):
     first = jitgemm.gemm(a, b)
     assert first.shape == (1, n) and len(fake.general) == 1 and not fake.driver.launches and not fake.stages
     call = next(p.call for p in api._plans.values())
-    sums = decode.split_for(n, k, 132)
-    assert call.workspace_sizes[:2] == (sums.strips * sums.groups * decode.STRIP * 4, sums.strips * 4)
+    sums = decode.ROWS.split_for(n, k, 132)
+    assert call.workspace_sizes[:2] == (sums.strips * sums.groups * decode.ROWS.strip * 4, sums.strips * 4)
     counters = FakeWorkspace.BASE + launch._round(call.workspace_sizes[0])
     assert fake.decodes[-1] == (a.ptr, b.ptr, first.ptr, 0, FakeWorkspace.BASE, counters)
     assert (call.args.m, call.args.n, call.args.k, call.args.b_row) == (1, n, k, n)
@@ -514,3 +515,24 @@ def test_a_decode_seen_before_patches_only_the_addresses(fake):
         b3 = FakeTensor((k, n), ptr=FakeTensor((k, n + 8)).ptr + offset)
         third = jitgemm.gemm(a2, b3)
         assert len(fake.general) == 2 and fake.decodes[-1][:4] == (a2.ptr, b3.ptr, third.ptr, 0)
+
+
+def test_a_k_major_decode_runs_the_cols_kernel_at_up_to_sixteen_rows(fake):
+    """M = 16 against W.t() of odd K (b's columns along K, decode.py's COLS): packed with the
+    stride of W's rows and partials for two n8 products; 17 rows run the staged GEMM."""
+    k, n = 63, 45
+    w = FakeTensor((n, k))
+    b = w.window(0, (k, n), (1, k))  # W.t()
+    a = FakeTensor((16, k))
+    got = jitgemm.gemm(a, b)
+    assert got.shape == (16, n) and not fake.driver.launches and not fake.stages
+    call = next(p.call for p in api._plans.values())
+    assert isinstance(call, decode.DecodeLaunch)
+    assert (call.args.m, call.args.n, call.args.k, call.args.b_row) == (16, n, k, k)
+    sums = decode.COLS.split_for(n, k, 132)
+    assert call.workspace_sizes[:2] == (sums.strips * sums.groups * 16 * decode.COLS.strip * 4, sums.strips * 4)
+    assert fake.decodes[-1][:4] == (a.ptr, b.ptr, got.ptr, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", jitgemm.FallbackCopyWarning)
+        jitgemm.gemm(FakeTensor((17, k)), b)
+    assert len(fake.decodes) == 1 and fake.stages  # the GEMM, b staged
