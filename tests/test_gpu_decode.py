@@ -30,14 +30,18 @@ def randn(shape, dtype, gen):
 
 def weight(k, n, dtype, layout, gen):
     """(K, N) with rows TMA cannot read: "odd" contiguous rows of an N not a multiple of 8,
-    "padded" rows of a larger stride, "shifted" a view starting 2 bytes into a unit; "W.t() ..."
-    the same of W (N, K), as b = W.t() (K-major)."""
+    "padded" rows of a larger stride ("nan-padded": NaN in the padding), "shifted" a view
+    starting 2 bytes into a unit; "W.t() ..." the same of W (N, K), as b = W.t() (K-major)."""
     if layout.startswith("W.t() "):
         return weight(n, k, dtype, layout[6:], gen).t()
     if layout == "odd":
         return randn((k, n), dtype, gen)
     if layout == "padded":
         return randn((k, n + 3), dtype, gen)[:, :n]
+    if layout == "nan-padded":  # the padding NaN: no product may read it (0 * NaN is NaN)
+        w = randn((k, n + 3), dtype, gen)
+        w[:, n:] = float("nan")
+        return w[:, :n]
     return randn((k, n + 8), dtype, gen)[:, 1 : n + 1]
 
 
@@ -89,6 +93,9 @@ CASES = [  # (m, n, k, dtype, b layout)
     (12, 32008, 725, "fp16", "W.t() odd"),
     (16, 2062, 17852, "bf16", "W.t() padded"),
     (6, 4096, 4096, "bf16", "W.t() shifted"),  # K a multiple of 8, a misaligned view
+    (2, 1001, 517, "bf16", "nan-padded"),
+    (4, 65, 1001, "fp16", "W.t() nan-padded"),
+    (16, 257, 77, "bf16", "W.t() nan-padded"),
 ]
 
 
