@@ -93,7 +93,9 @@ class Decoder(NamedTuple):
 
 
 ROWS = Decoder(
-    FixedKernel("jitgemm_decode_rows", ("realign.cuh", "decode_rows.cuh"), THREADS, "the decode kernel"),
+    FixedKernel(
+        "jitgemm_decode_rows", ("realign.cuh", "decode_common.cuh", "decode_rows.cuh"), THREADS, "the decode kernel"
+    ),
     b_major=1,
     max_m=4,
     strip=31 * 8,
@@ -102,7 +104,12 @@ ROWS = Decoder(
     sum_rows=(1, 2, 4),  # 3 rows run the 4-row instance
 )
 COLS = Decoder(
-    FixedKernel("jitgemm_decode_cols", ("realign.cuh", "decode_cols.cuh"), THREADS, "the K-major decode kernel"),
+    FixedKernel(
+        "jitgemm_decode_cols",
+        ("realign.cuh", "decode_common.cuh", "decode_cols.cuh"),
+        THREADS,
+        "the K-major decode kernel",
+    ),
     b_major=0,
     max_m=16,
     strip=64,

@@ -1,8 +1,8 @@
 // Decode against a K-major weight TMA cannot read: out = alpha * a @ b (+ beta * c) for a of
 // M <= 16 rows and a b (K, N) whose columns have unit stride (b = W.t(), W (N, K) as nn.Linear
 // holds it) but are not whole 16-byte units (K not a multiple of 8, a misaligned view), read in
-// place: no staging pass over b. A translation unit once realign.cuh is prepended (no headers:
-// NVRTC from pip has no include path); 16-bit inputs.
+// place: no staging pass over b. A translation unit once realign.cuh and decode_common.cuh are
+// prepended (no headers: NVRTC from pip has no include path); 16-bit inputs.
 //
 // Each warp takes a strip of STRIP columns of b (four blocks of 16) and a range of K (a split),
 // in windows of 32. Lane (g, t) = (lane / 4, lane % 4) loads elements [8t, 8t + 8) of the window
@@ -16,53 +16,10 @@
 // reset by it) adds the groups and writes the strip's outputs. Sums are added in split order,
 // so results do not depend on timing.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
 constexpr int STRIP = 64;  // columns of b per warp: BLOCKS blocks of 16 (an m16 product each)
 constexpr int BLOCKS = STRIP / 16;
 constexpr int WINDOW = 32;  // K per step: 8 per lane of a quad
 constexpr int MAX_M = 16;   // rows of a: two n8 products
-constexpr int THREADS = 256;
-constexpr int WARPS = THREADS / 32;  // a block's splits of one strip (a group)
-
-struct DecodeArgs {
-    const u16* a;
-    long long a_row, a_col;  // a[m, k] at a[m * a_row + k * a_col]
-    const u16* b;
-    long long b_row;  // b[k, n] at b[n * b_row + k]: the row stride of W = b.t()
-    void* out;
-    long long out_row, out_col;  // elements, of the output dtype
-    const void* c;
-    long long c_row, c_col;
-    float* partials;  // per group, 8 * H x STRIP fp32 sums (H: n8 products, 1 or 2)
-    u32* counters;    // per strip: groups done (zero between launches)
-    float alpha, beta;
-    int m, n, k;
-    int strips, groups, rows_per_split;  // a group: WARPS splits of rows_per_split (WINDOW-multiple) rows of b
-    int fp16, out_fp32, has_c;
-};
-
-template <bool FP16>
-__device__ __forceinline__ float to_float(const u32 bits) {
-    if (FP16) {
-        float f;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((u16)bits));
-        return f;
-    }
-    return __uint_as_float(bits << 16);
-}
-
-template <bool FP16>
-__device__ __forceinline__ u16 from_float(const float f) {
-    u16 bits;
-    if (FP16)
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(f));
-    else
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(f));
-    return bits;
-}
 
 // d += A (16 x 16, row-major: columns of b by k) * B (16 x 8: k by rows of a), fp32 sums.
 template <bool FP16>
@@ -204,15 +161,7 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& p, const int stri
         for (int w = 1; w < WARPS; ++w) sum += block_sums[w][q];
         group_sums[q] = sum;
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last_group = atomicAdd(p.counters + strip, 1u) == (u32)p.groups - 1;
-        if (last_group) p.counters[strip] = 0;  // for the next launch on this workspace
-    }
-    __syncthreads();
-    if (!last_group) return;
-    __threadfence();  // every group's sums, as they were before its increment
+    if (!last_group_of_strip(p, strip, last_group)) return;
     const float* strip_sums = p.partials + (long long)strip * p.groups * SUMS;
     for (int q = threadIdx.x; q < SUMS; q += THREADS) {
         const int row = q / STRIP, col = strip * STRIP + q % STRIP;
@@ -221,23 +170,12 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& p, const int stri
         float sum = 0.f;
 #pragma unroll 8
         for (int gr = 0; gr < p.groups; ++gr) sum += __ldcg(strip_sums + (long long)gr * SUMS + q);  // (several in flight)
-        float v = p.alpha * sum;
-        const long long c_at = row * p.c_row + col * p.c_col;
-        if (p.has_c)
-            v += p.beta * (p.out_fp32 ? ((const float*)p.c)[c_at] : to_float<FP16>(((const u16*)p.c)[c_at]));
-        const long long at = row * p.out_row + col * p.out_col;
-        if (p.out_fp32)
-            ((float*)p.out)[at] = v;
-        else
-            ((u16*)p.out)[at] = from_float<FP16>(v);
+        store_output<FP16>(p, row, col, sum);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2) jitgemm_decode_cols(const __grid_constant__ DecodeArgs p) {
-    // Programmatic dependent launch: the previous kernel of the stream may still be writing a,
-    // b or c (or reading the workspace); the next may launch now and waits for this grid.
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    enter_after_previous_grid();
     __shared__ BlockSums block_sums;
     __shared__ bool last_group;
     const int strip = blockIdx.x % p.strips, group = blockIdx.x / p.strips;

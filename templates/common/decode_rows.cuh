@@ -1,7 +1,8 @@
 // Decode against a weight TMA cannot read: out = alpha * a @ b (+ beta * c) for a of M <= 4
 // rows and a b (K, N) whose rows have unit stride but are not whole 16-byte units (odd N, a
 // misaligned view), read in place: no staging pass over b. A translation unit once realign.cuh
-// is prepended (no headers: NVRTC from pip has no include path); 16-bit inputs.
+// and decode_common.cuh are prepended (no headers: NVRTC from pip has no include path); 16-bit
+// inputs.
 //
 // Each warp takes a strip of STRIP columns and a range of rows of b (a K split). Per row k,
 // lane l loads the l-th aligned 16-byte unit from the one holding the strip's first column;
@@ -14,52 +15,9 @@
 // to finish (a counter per strip, reset by it) adds the groups and writes the strip's outputs.
 // Sums are added in split order, so results do not depend on timing.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
 constexpr int STRIP = 31 * 8;  // columns per warp: 8 per lane but the last
 constexpr int ROWS_IN_FLIGHT = 8;
 constexpr int MAX_M = 4;
-constexpr int THREADS = 256;
-constexpr int WARPS = THREADS / 32;  // a block's splits of one strip (a group)
-
-struct DecodeArgs {
-    const u16* a;
-    long long a_row, a_col;  // a[m, k] at a[m * a_row + k * a_col]
-    const u16* b;
-    long long b_row;  // b[k, n] at b[k * b_row + n]
-    void* out;
-    long long out_row, out_col;  // elements, of the output dtype
-    const void* c;
-    long long c_row, c_col;
-    float* partials;  // per group, M x STRIP fp32 sums
-    u32* counters;    // per strip: groups done (zero between launches)
-    float alpha, beta;
-    int m, n, k;
-    int strips, groups, rows_per_split;  // a group: WARPS splits of rows_per_split rows
-    int fp16, out_fp32, has_c;
-};
-
-template <bool FP16>
-__device__ __forceinline__ float to_float(const u32 bits) {
-    if (FP16) {
-        float f;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((u16)bits));
-        return f;
-    }
-    return __uint_as_float(bits << 16);
-}
-
-template <bool FP16>
-__device__ __forceinline__ u16 from_float(const float f) {
-    u16 bits;
-    if (FP16)
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(f));
-    else
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(f));
-    return bits;
-}
 
 // The 8 columns of one row as fp32 into acc, times each row of a at that k.
 template <bool FP16, int M>
@@ -182,15 +140,7 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& p, const int stri
         }
         group_sums[q] = sum;
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last_group = atomicAdd(p.counters + strip, 1u) == (u32)p.groups - 1;
-        if (last_group) p.counters[strip] = 0;  // for the next launch on this workspace
-    }
-    __syncthreads();
-    if (!last_group) return;
-    __threadfence();  // every group's sums, as they were before its increment
+    if (!last_group_of_strip(p, strip, last_group)) return;
     const float4* strip_sums = (const float4*)p.partials + (long long)strip * p.groups * QUADS;
     for (int q = threadIdx.x; q < QUADS; q += THREADS) {
         float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -206,24 +156,13 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& p, const int stri
         for (int j = 0; j < 4; ++j) {
             const int col = strip * STRIP + q * 4 % STRIP + j;
             if (col >= p.n) break;
-            float v = p.alpha * sums[j];
-            const long long c_at = m * p.c_row + col * p.c_col;
-            if (p.has_c)
-                v += p.beta * (p.out_fp32 ? ((const float*)p.c)[c_at] : to_float<FP16>(((const u16*)p.c)[c_at]));
-            const long long at = m * p.out_row + col * p.out_col;
-            if (p.out_fp32)
-                ((float*)p.out)[at] = v;
-            else
-                ((u16*)p.out)[at] = from_float<FP16>(v);
+            store_output<FP16>(p, m, col, sums[j]);
         }
     }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2) jitgemm_decode_rows(const __grid_constant__ DecodeArgs p) {
-    // Programmatic dependent launch: the previous kernel of the stream may still be writing a,
-    // b or c (or reading the workspace); the next may launch now and waits for this grid.
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    enter_after_previous_grid();
     __shared__ BlockSums block_sums;
     __shared__ bool last_group;
     const int strip = blockIdx.x % p.strips, group = blockIdx.x / p.strips;
