@@ -66,7 +66,8 @@ The report: for all problems, per layout, per M class (decode M <= 64, small 65.
 513..4096, large > 4096), per input dtype and per epilogue (plain, C, fp32, fp32 + C), the
 geometric mean of the ratio, its 5th and 10th percentiles, the counts below 0.9x and 0.85x and
 the --worst (15) slowest problems relative to cuBLAS, each with the config jitgemm chose
-(`jitgemm.config_for`) and the operands jitgemm copies because TMA cannot read them in place.
+(`jitgemm.config_for`, or the decode kernel that runs it: jitgemm/decode.py) and the operands
+jitgemm copies because TMA cannot read them in place.
 --json writes every row, the summary, the GPU's state before and after, the date, the jitgemm
 version and git commit; --markdown the tables for BENCHMARKS.md.
 
@@ -91,7 +92,7 @@ import sys
 import time
 from pathlib import Path
 
-from jitgemm import registry
+from jitgemm import decode, registry
 from jitgemm.problem import DTYPE_BYTES, LAYOUTS, Problem
 
 HERE = Path(__file__).resolve().parent
@@ -216,8 +217,11 @@ def copied_operands(p: Problem, arch: str = "sm_90a") -> tuple[str, ...]:
     """The operands jitgemm copies (with a FallbackCopyWarning) because TMA cannot use them in
     place: rows (along the contiguous dimension) that are not whole 16-byte units; outputs only
     on an arch whose kernels cannot store them directly (out_direct). With C the timed call is
-    in place (out = c), so C and the output are the same array."""
+    in place (out = c), so C and the output are the same array. None where a decode kernel
+    runs the call (jitgemm/decode.py: it reads and writes every array in place)."""
     kp = kernel_problem(p)
+    if decode.decoder_of(kp) is not None:
+        return ()
     inputs = DTYPE_BYTES[p.dtype]
     out_ragged = p.n * DTYPE_BYTES[p.out_dtype] % 16 != 0 and not registry.get(arch).direct_epilogue
     copied = []
@@ -731,6 +735,9 @@ class Sweep:
         from jitgemm import api, heuristics, plan, runtime, tuned  # the benchmark's own test for "tuned"
 
         kp = kernel_problem(p)
+        decoder = decode.decoder_of(kp)
+        if decoder is not None:
+            return decoder.kernel.name, False
         cfg = api.config_for(kp)
         spec = api.device_spec(0)
         # the file's and the heuristics' configs as gemm runs them (plan.with_epilogue)

@@ -135,15 +135,24 @@ def decoder_for(va: View, vb: View, b_major: int, b_copy: bool) -> Decoder | Non
     return None
 
 
+def decoder_of(problem: Problem) -> Decoder | None:
+    """The decoder that runs `problem` with contiguous operands of its layout (`decoder_for`),
+    the configuration not forced."""
+    b_major = 1 if problem.b_major == "N" else 0
+    dec = next(d for d in DECODERS if d.b_major == b_major)
+    row = problem.n if b_major else problem.k  # the elements of b's unit-stride rows
+    if problem.m > dec.max_m or row * DTYPE_BYTES[problem.dtype] % TMA_ALIGN == 0:
+        return None
+    return dec
+
+
 def explain_note(problem: Problem) -> str | None:
     """What `jitgemm explain` says of `problem` where a contiguous b of its layout would run a
-    decode kernel (`decoder_for`), not the GEMM explained."""
-    b_major = 1 if problem.b_major == "N" else 0
-    dec = next((d for d in DECODERS if d.b_major == b_major), None)
-    row = problem.n if b_major else problem.k  # the elements of b's unit-stride rows
-    if dec is None or problem.m > dec.max_m or row * DTYPE_BYTES[problem.dtype] % TMA_ALIGN == 0:
+    decode kernel (`decoder_of`), not the GEMM explained."""
+    dec = decoder_of(problem)
+    if dec is None:
         return None
-    what = f"a row-major b of N = {problem.n}" if b_major else f"a K-major b (W.t()) of K = {problem.k}"
+    what = f"a row-major b of N = {problem.n}" if dec.b_major else f"a K-major b (W.t()) of K = {problem.k}"
     return (
         f"gemm() runs {dec.kernel.what} (jitgemm/decode.py), not this GEMM, for M <= {dec.max_m} against a b "
         f"whose rows TMA cannot read, as {what} (unless a config is forced)"

@@ -125,6 +125,12 @@ def test_how_jitgemm_sees_the_operands(sweep):
     assert sweep.copied_operands(Problem(104, 100, 130, "fp16", "fp16", "M", "N", True)) == ("b",)
     assert sweep.copied_operands(Problem(104, 100, 130, "fp16", "fp16", "M", "N", True), "sm_100a") == ("b", "c", "out")
     assert sweep.copied_operands(Problem(104, 100, 128, "fp16", "fp32", "K", "K", True)) == ()  # 400-byte rows
+    # a decode kernel (jitgemm/decode.py) reads b in place: a row-major b of odd N at M <= 4,
+    # W.t() of K not a multiple of 8 at M <= 16
+    assert sweep.copied_operands(Problem(4, 100, 130, "fp16", "fp16", "M", "N", True)) == ()
+    assert sweep.copied_operands(Problem(5, 100, 130, "fp16", "fp16", "M", "N", True)) == ("a", "b")
+    assert sweep.copied_operands(Problem(16, 104, 130, "bf16", "bf16", "K", "K")) == ()
+    assert sweep.copied_operands(Problem(17, 104, 130, "bf16", "bf16", "K", "K")) == ("a", "b")
 
 
 def test_rotation(sweep):
