@@ -124,15 +124,12 @@ def decoder_for(va: View, vb: View, b_major: int, b_copy: bool) -> Decoder | Non
     """The decoder that runs `va @ vb`, if one does: M <= its max_m rows of a (any strides)
     and a b TMA cannot read (`b_copy`) with unit stride along the decoder's dimension; both
     element-aligned."""
-    m = va.shape[0]
-    if not (b_copy and va.strides is not None and vb.strides is not None):
+    dec = next(d for d in DECODERS if d.b_major == b_major)
+    if not (b_copy and 0 < va.shape[0] <= dec.max_m and va.strides is not None and vb.strides is not None):
         return None
-    if va.ptr % va.itemsize or vb.ptr % vb.itemsize:
+    if vb.strides[b_major] != 1 or va.ptr % va.itemsize or vb.ptr % vb.itemsize:
         return None
-    for dec in DECODERS:
-        if 0 < m <= dec.max_m and b_major == dec.b_major and vb.strides[dec.b_major] == 1:
-            return dec
-    return None
+    return dec
 
 
 def decoder_of(problem: Problem) -> Decoder | None:
