@@ -12,7 +12,11 @@ traffic. On an H100 (2026-12-02, CUDA graphs, 4 weights rotated): 1x50257x4096 1
 445 staged (cuBLAS 243), 2x32001x4096 118 against 288 (cuBLAS 162); 3 and 4 rows still run in
 about half the staged time but at 0.77-0.97x cuBLAS, whose kernels for them are faster than
 for one row (BENCHMARKS.md, session 9). Five rows and more keep the staged GEMM for a row-major
-b: ROWS' FMAs fall behind its loads there (COLS' tensor cores do not).
+b: ROWS' FMAs fall behind its loads there (COLS' tensor cores do not). COLS on an H100
+(2026-12-07, the same method): 2x4144x14084 66 us against 127 staged (cuBLAS 58), 8x14336x4095
+65 against 140 (cuBLAS 155), 4x151655x4097 641 against 1314 (cuBLAS 796); it streams W at
+0.45-0.65 of the copy bandwidth, so 1-16 rows with K of a few thousand stay at 0.8-0.9x cuBLAS
+(BENCHMARKS.md, session 20).
 """
 
 from __future__ import annotations
