@@ -356,6 +356,8 @@ def _element(mem: bytes, at: int) -> int:
         (9, 20, 300, 301, 14),  # two n8 products; K split
         (16, 33, 77, 77, 4),
         (5, 130, 64, 64, 10),  # K a multiple of 8 in a misaligned view
+        (4, 40, 56, 57, 2),  # K ends 24 elements into the last window (its last lane reads none)
+        (3, 24, 1500, 1503, 6),  # K split over three groups of 8 splits
     ],
 )
 def test_the_emulated_cols_kernel_sums_every_product_once_and_stays_inside_b(m, n, k, b_row, offset):
