@@ -13,7 +13,10 @@ every memo of a problem's parts (`problem_memos`: what a problem's N, K or M gra
 kind's layouts, the raster walks, the finished configs), runs the first problem of each kind
 (or weight) again, then times every problem once, in a shuffled order, each with the memos
 the problems before it left (as a server's would be). Prints the median, p90 and max of each
-pass, in microseconds, and with --json the per-problem times of every pass.
+pass, in microseconds, and with --json the per-problem times of every pass. A full (generation
+2) pass of Python's garbage collector walks every object of the process, the memos included,
+and lands inside whichever call allocates when it falls due: each pass also prints how many
+did, their length, and the max of the calls no such pass ran in.
 
     PYTHONPATH=. python examples/select_latency.py --passes 5
 """
@@ -21,6 +24,7 @@ pass, in microseconds, and with --json the per-problem times of every pass.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -95,6 +99,23 @@ def problem_sets(per_weight: int) -> dict[str, tuple[list[Problem], list[Problem
     return {"random": (warm, fresh), "fixed weight": (weights_warm, weights), "small M": (weights_warm, small)}
 
 
+class FullCollections:
+    """The full (generation 2) garbage-collector passes of the process, as they run: their
+    count (`count`) and milliseconds (`ms`)."""
+
+    def __init__(self):
+        self.count, self.ms, self._start = 0, [], 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.count += 1
+            self.ms.append((time.perf_counter() - self._start) * 1e3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--passes", type=int, default=5)
@@ -104,6 +125,8 @@ def main() -> None:
     sets = problem_sets(args.per_weight)
     rng = random.Random(10)
     record = {}
+    full = FullCollections()
+    gc.callbacks.append(full)
     for name, (warm, fresh) in sets.items():
         for p in warm:
             heuristics.select(p, H200)
@@ -115,18 +138,26 @@ def main() -> None:
                 heuristics.select(p, H200)
             order = list(fresh)
             rng.shuffle(order)
-            times = {}
+            times, clean = {}, []  # clean: the times of calls no full collection ran in
+            passes_before, ms_before = full.count, len(full.ms)
             for p in order:
+                before = full.count
                 start = time.perf_counter()
                 heuristics.select(p, H200)
                 times[p] = (time.perf_counter() - start) * 1e6
+                if full.count == before:
+                    clean.append(times[p])
             t = sorted(times.values())
             rows.append([times[p] for p in fresh])
+            collected = ", ".join(f"{ms:.1f}" for ms in full.ms[ms_before:])
             print(
                 f"{name:>12}: {len(t)} problems, median {statistics.median(t):6.0f} us, "
-                f"p90 {t[int(0.9 * len(t))]:6.0f} us, max {t[-1]:6.0f} us"
+                f"p90 {t[int(0.9 * len(t))]:6.0f} us, max {t[-1]:6.0f} us; "
+                f"full GC passes {full.count - passes_before}{f' ({collected} ms)' if collected else ''}, "
+                f"max without one {max(clean, default=float('nan')):6.0f} us"
             )
         record[name] = {"problems": [p.describe() for p in fresh], "times_us": rows}
+    gc.callbacks.remove(full)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f)

@@ -2,6 +2,7 @@
 a problem at once, with the same choices as the one-candidate-at-a-time model it replaced."""
 
 import dataclasses
+import gc
 import json
 import random
 import statistics
@@ -295,3 +296,18 @@ def test_swapped_tiles_are_narrowed_where_the_tile_count_stays():
         narrow.to_dict(),
         wide.to_dict(),
     ]
+
+
+def test_the_latency_script_counts_the_full_collections_alone():
+    """examples/select_latency.py reports the full garbage-collector passes that land in its
+    timed calls (they walk every object of the process): gen 0 and 1 passes are not counted."""
+    full = load_example("select_latency").FullCollections()
+    gc.callbacks.append(full)
+    try:
+        gc.collect(0)
+        gc.collect(1)
+        assert full.count == 0 and full.ms == []
+        gc.collect(2)
+        assert full.count == 1 and len(full.ms) == 1 and full.ms[0] >= 0
+    finally:
+        gc.callbacks.remove(full)
