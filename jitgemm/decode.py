@@ -15,7 +15,7 @@ for one row (BENCHMARKS.md, session 9). Five rows and more keep the staged GEMM 
 b: ROWS' FMAs fall behind its loads there (COLS' tensor cores do not). COLS on an H100
 (2026-12-07, the same method): 2x4144x14084 66 us against 127 staged (cuBLAS 58), 8x14336x4095
 65 against 140 (cuBLAS 155), 4x151655x4097 641 against 1314 (cuBLAS 796); it streams W at
-0.45-0.65 of the copy bandwidth, so 1-16 rows with K of a few thousand stay at 0.8-0.9x cuBLAS
+0.45-0.65 of the copy bandwidth, so 1-16 rows with K of a few thousand stay at 0.78-0.91x cuBLAS
 (BENCHMARKS.md, session 20).
 """
 
