@@ -14,9 +14,11 @@ kind's layouts, the raster walks, the finished configs), runs the first problem 
 (or weight) again, then times every problem once, in a shuffled order, each with the memos
 the problems before it left (as a server's would be). Prints the median, p90 and max of each
 pass, in microseconds, and with --json the per-problem times of every pass. A full (generation
-2) pass of Python's garbage collector walks every object of the process, the memos included,
-and lands inside whichever call allocates when it falls due: each pass also prints how many
-did, their length, and the max of the calls no such pass ran in.
+2) pass of Python's garbage collector walks every object of the process, the memos included; a
+generation 1 pass walks every object that survived the generation 0 passes since the last one
+(those of ~7,000 allocations). Either lands inside whichever call allocates when it falls due:
+each pass also prints how many of each did, their length, and the max of the calls no such
+pass ran in.
 
     PYTHONPATH=. python examples/select_latency.py --passes 5
 """
@@ -99,21 +101,30 @@ def problem_sets(per_weight: int) -> dict[str, tuple[list[Problem], list[Problem
     return {"random": (warm, fresh), "fixed weight": (weights_warm, weights), "small M": (weights_warm, small)}
 
 
-class FullCollections:
-    """The full (generation 2) garbage-collector passes of the process, as they run: their
-    count (`count`) and milliseconds (`ms`)."""
+class CollectorPasses:
+    """The garbage collector's passes of generations 1 and 2 as they run: per generation, their
+    count (`count[g]`) and milliseconds (`ms[g]`). Generation 0 passes are left out: they walk
+    only the objects made since the last pass (at most ~700), a fraction of a select."""
+
+    GENERATIONS = (1, 2)
 
     def __init__(self):
-        self.count, self.ms, self._start = 0, [], 0.0
+        self.count = dict.fromkeys(self.GENERATIONS, 0)
+        self.ms: dict[int, list[float]] = {g: [] for g in self.GENERATIONS}
+        self._start = 0.0
 
     def __call__(self, phase: str, info: dict) -> None:
-        if info["generation"] != 2:
+        generation = info["generation"]
+        if generation not in self.count:
             return
         if phase == "start":
             self._start = time.perf_counter()
         else:
-            self.count += 1
-            self.ms.append((time.perf_counter() - self._start) * 1e3)
+            self.count[generation] += 1
+            self.ms[generation].append((time.perf_counter() - self._start) * 1e3)
+
+    def total(self) -> int:
+        return sum(self.count.values())
 
 
 def main() -> None:
@@ -125,8 +136,8 @@ def main() -> None:
     sets = problem_sets(args.per_weight)
     rng = random.Random(10)
     record = {}
-    full = FullCollections()
-    gc.callbacks.append(full)
+    passes = CollectorPasses()
+    gc.callbacks.append(passes)
     for name, (warm, fresh) in sets.items():
         for p in warm:
             heuristics.select(p, H200)
@@ -138,26 +149,27 @@ def main() -> None:
                 heuristics.select(p, H200)
             order = list(fresh)
             rng.shuffle(order)
-            times, clean = {}, []  # clean: the times of calls no full collection ran in
-            passes_before, ms_before = full.count, len(full.ms)
+            times, clean = {}, []  # clean: the times of calls no generation 1 or 2 pass ran in
+            before_pass = {g: len(passes.ms[g]) for g in passes.GENERATIONS}
             for p in order:
-                before = full.count
+                before = passes.total()
                 start = time.perf_counter()
                 heuristics.select(p, H200)
                 times[p] = (time.perf_counter() - start) * 1e6
-                if full.count == before:
+                if passes.total() == before:
                     clean.append(times[p])
             t = sorted(times.values())
             rows.append([times[p] for p in fresh])
-            collected = ", ".join(f"{ms:.1f}" for ms in full.ms[ms_before:])
+            ran = {g: passes.ms[g][before_pass[g] :] for g in passes.GENERATIONS}
             print(
                 f"{name:>12}: {len(t)} problems, median {statistics.median(t):6.0f} us, "
                 f"p90 {t[int(0.9 * len(t))]:6.0f} us, max {t[-1]:6.0f} us; "
-                f"full GC passes {full.count - passes_before}{f' ({collected} ms)' if collected else ''}, "
+                f"GC passes: gen 1 {len(ran[1])}{f' (max {max(ran[1]):.2f} ms)' if ran[1] else ''}, "
+                f"full {len(ran[2])}{' (' + ', '.join(f'{ms:.1f}' for ms in ran[2]) + ' ms)' if ran[2] else ''}; "
                 f"max without one {max(clean, default=float('nan')):6.0f} us"
             )
         record[name] = {"problems": [p.describe() for p in fresh], "times_us": rows}
-    gc.callbacks.remove(full)
+    gc.callbacks.remove(passes)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f)

@@ -298,16 +298,17 @@ def test_swapped_tiles_are_narrowed_where_the_tile_count_stays():
     ]
 
 
-def test_the_latency_script_counts_the_full_collections_alone():
-    """examples/select_latency.py reports the full garbage-collector passes that land in its
-    timed calls (they walk every object of the process): gen 0 and 1 passes are not counted."""
-    full = load_example("select_latency").FullCollections()
-    gc.callbacks.append(full)
+def test_the_latency_script_counts_the_collector_passes_of_generations_1_and_2():
+    """examples/select_latency.py reports the garbage collector's passes of generations 1 and 2
+    that land in its timed calls, each under its own generation; gen 0 passes are not counted."""
+    passes = load_example("select_latency").CollectorPasses()
+    gc.callbacks.append(passes)
     try:
         gc.collect(0)
+        assert passes.total() == 0 and passes.ms == {1: [], 2: []}
         gc.collect(1)
-        assert full.count == 0 and full.ms == []
+        assert passes.count == {1: 1, 2: 0} and len(passes.ms[1]) == 1 and passes.ms[1][0] >= 0
         gc.collect(2)
-        assert full.count == 1 and len(full.ms) == 1 and full.ms[0] >= 0
+        assert passes.count == {1: 1, 2: 1} and len(passes.ms[2]) == 1 and passes.total() == 2
     finally:
-        gc.callbacks.remove(full)
+        gc.callbacks.remove(passes)
