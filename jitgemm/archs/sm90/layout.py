@@ -7,10 +7,11 @@ A K-major operand tile is `rows x 64` 16-bit elements with 128-byte swizzling (o
 row per M or N index). block_n is a multiple of 16, or of 8 where the wgmma's B operand (B, or
 A under swap_ab) is K-major, so that a tile count wastes fewer padded rows (M = 1300 swapped is
 8 tiles of 168, not of 176). An MN-major tile is stored as pieces of `swizzle / 2` MN-elements x
-block_k K-rows, each piece one TMA box: 128-byte swizzle (64-wide pieces) when the tile is at
-least 64 wide, else the widest of 64 or 32 bytes whose piece width divides it, so that narrow
-tiles (block_n 16, 32, 48) do not load padding. A wider MN-major tile that is not a multiple
-of 64 (block_n 80, 96, ..., 240) is loaded in 64-wide pieces, the last one padded; with
+block_k K-rows, each piece one TMA box: 128-byte swizzle (64-wide pieces) when the tile is
+more than 32 wide, else the widest of 64 or 32 bytes whose piece width divides it, so that the
+narrowest tiles (block_n 16, 32) load no padding. A 48-wide tile loads one 64-wide piece:
+three 16-wide pieces of 32-byte rows streamed up to 1.4x slower. A wider MN-major tile that is
+not a multiple of 64 (block_n 80, 96, ..., 240) is loaded in 64-wide pieces, the last one padded; with
 `b_tail` B ends instead in a narrower "tail" laid out by the narrow-tile rule (its own TMA box
 and swizzle; wgmma covers it with a second, narrower instruction), so that no columns past the
 tile are loaded: 128x144 lands 144 columns of B per k-block, not 192. With TMA multicast of an
@@ -123,11 +124,19 @@ class OperandLayout(NamedTuple):
 
 
 def _operand(
-    major_is_k: bool, extent: int, block_k: int, elem: int, multicast: bool, loaded_rows: int = 0, tail: bool = False
+    major_is_k: bool,
+    extent: int,
+    block_k: int,
+    elem: int,
+    multicast: bool,
+    loaded_rows: int = 0,
+    tail: bool = False,
+    is_tail: bool = False,
 ) -> OperandLayout:
     """`loaded_rows` (K-major only): load fewer rows than the tile has; wgmma still reads all
     `extent` rows, and the rows never loaded only feed output rows that are never stored.
-    `tail` (MN-major, not multicast): the columns past the last full piece form a narrow tail."""
+    `tail` (MN-major, not multicast): the columns past the last full piece form a narrow tail,
+    laid out by `_operand` with `is_tail` (`tail_swizzle`: no padding)."""
     ranks = 2 if multicast else 1
     step = 0
     if major_is_k:
@@ -140,7 +149,7 @@ def _operand(
         num_pieces = ranks
         box = (block_k, piece_extent)
     else:
-        swizzle = mn_major_swizzle(extent, elem)
+        swizzle = tail_swizzle(extent, elem) if is_tail else mn_major_swizzle(extent, elem)
         piece_extent = swizzle // elem
         num_pieces = -(-extent // piece_extent)
         box = (piece_extent, block_k)
@@ -158,7 +167,7 @@ def _operand(
                 False,
                 box,
                 extent,
-                _operand(False, tail_extent, block_k, elem, False),
+                _operand(False, tail_extent, block_k, elem, False, is_tail=True),
             )
     piece_bytes = box[0] * box[1] * elem
     edge = not multicast and not loaded_rows
@@ -185,9 +194,18 @@ def edge_rows(op: OperandLayout, rows: int) -> int:
 
 
 def mn_major_swizzle(extent: int, elem: int) -> int:
-    """Swizzle bytes of an MN-major tile `extent` elements wide (see the module docstring)."""
-    if extent * elem >= 128:
+    """Swizzle bytes of an MN-major tile `extent` elements wide (see the module docstring): 128
+    (64-wide pieces) past 64 bytes, so that a 48-wide tile loads one 64-wide piece, 16 columns
+    of it padding, not three 16-wide pieces of 32-byte rows (BENCHMARKS.md, session 21); the
+    narrower ones as `tail_swizzle`."""
+    if extent * elem > 64:
         return 128
+    return tail_swizzle(extent, elem)
+
+
+def tail_swizzle(extent: int, elem: int) -> int:
+    """Swizzle bytes of an MN-major part that loads no padding, a tile of at most 64 bytes or
+    the tail of a wider one (`b_tail`): the widest of 64 or 32 whose pieces divide it."""
     return 64 if (extent * elem) % 64 == 0 else 32
 
 
