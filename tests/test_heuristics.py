@@ -784,7 +784,11 @@ def test_dram_latency_and_run_efficiency():
     assert cost.dram_latency_clk(r, 13) < cost.dram_latency_clk(r, 6)  # deeper pipelines cover more
     # runs: a box row; 32-, 64-, 128-byte pieces stream at 67%, 80%, 89%
     assert [round(cost.dram_run_efficiency(r, b), 2) for b in (32, 64, 128)] == [0.67, 0.8, 0.89]
-    assert sm90.dram_runs(Problem(1, 576, 7168), KernelConfig(block_m=64, block_n=48, num_consumers=1)) == (128, 32)
+    # an N-major B's runs are its pieces: 16 and 32 wide tiles load one piece of their width, a
+    # 48-wide one a 64-wide piece (not three 16-wide pieces of 32-byte rows)
+    for block_n, run in ((16, 32), (32, 64), (48, 128)):
+        cfg = KernelConfig(block_m=64, block_n=block_n, num_consumers=1)
+        assert sm90.dram_runs(Problem(1, 576, 7168), cfg) == (128, run)
     assert sm90.dram_runs(Problem(1, 576, 7168), KernelConfig(block_m=64, block_n=192, num_consumers=1)) == (128, 128)
     # the clock credit: 3200 FLOPs/clock with every SM busy, more with fewer, up to 4096
     assert cost.mma_rate(r, 132, 132) == r.mma_flops_per_clk == 3200
