@@ -568,9 +568,10 @@ def dram_runs(problem: Problem, cfg: KernelConfig) -> tuple[int, int]:
     """Contiguous bytes per DRAM run of A and of B: one row of one TMA box. A K-major box row is
     one K block (128 bytes); an MN-major operand is loaded in pieces of its swizzle width, one
     box each, so its runs are a piece wide (128 bytes for 64-column pieces, 64 or 32 for the
-    narrow swizzles of narrow tiles; clipped at the matrix edge). The pieces of one K row are
-    adjacent but separate requests: measured, m64n48 (three 16-column pieces) streams
-    128x576x7168 in 22.7 us against 16.8 for m64n32 (one 32-column piece) and 16.7 for m64n64."""
+    narrow swizzles of 32- and 16-wide tiles and of B tails; clipped at the matrix edge). The
+    pieces of one K row are adjacent but separate requests: measured, m64n48 in three 16-column
+    pieces streamed 128x576x7168 in 22.7 us against 16.8 for m64n32 (one 32-column piece) and
+    16.7 for m64n64 (so a 48-wide tile now loads one 64-wide piece, layout.mn_major_swizzle)."""
     lay, elem = layout_of(cfg), DTYPE_BYTES[problem.dtype]
     a_run = K_BLOCK_BYTES if lay.a.major_is_k else min(lay.a.piece_extent, problem.m) * elem
     b_run = K_BLOCK_BYTES if lay.b.major_is_k else min(lay.b.piece_extent, problem.n) * elem
