@@ -130,12 +130,12 @@ def _operand(
     elem: int,
     multicast: bool,
     loaded_rows: int = 0,
-    tail: bool = False,
+    with_tail: bool = False,
     is_tail: bool = False,
 ) -> OperandLayout:
     """`loaded_rows` (K-major only): load fewer rows than the tile has; wgmma still reads all
     `extent` rows, and the rows never loaded only feed output rows that are never stored.
-    `tail` (MN-major, not multicast): the columns past the last full piece form a narrow tail,
+    `with_tail` (MN-major, not multicast): the columns past the last full piece form a narrow tail,
     laid out by `_operand` with `is_tail` (`tail_swizzle`: no padding)."""
     ranks = 2 if multicast else 1
     step = 0
@@ -154,7 +154,7 @@ def _operand(
         num_pieces = -(-extent // piece_extent)
         box = (piece_extent, block_k)
         tail_extent = extent % piece_extent
-        if tail and tail_extent:
+        if with_tail and tail_extent:
             num_pieces = extent // piece_extent
             return OperandLayout(
                 False,
@@ -360,7 +360,7 @@ def layout_of(cfg: KernelConfig) -> KernelLayout:
     out_elem = DTYPE_BYTES[cfg.out_dtype]
     a_extent, b_extent = (cfg.block_n, cfg.block_m) if cfg.swap_ab else (cfg.block_m, cfg.block_n)
     a = _operand(cfg.a_major == "K", a_extent, cfg.block_k, elem, cfg.multicast == "A", cfg.a_rows)
-    b = _operand(cfg.b_major == "K", b_extent, cfg.block_k, elem, cfg.multicast == "B", tail=cfg.b_tail)
+    b = _operand(cfg.b_major == "K", b_extent, cfg.block_k, elem, cfg.multicast == "B", with_tail=cfg.b_tail)
     wg_m = cfg.block_m // cfg.num_consumers
     # A math warpgroup stores D rows x columns of: wg_m x block_n, or (swap_ab) block_n x wg_m.
     out_rows, out_cols = (cfg.block_n, wg_m) if cfg.swap_ab else (wg_m, cfg.block_n)
