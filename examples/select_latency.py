@@ -109,22 +109,24 @@ class CollectorPasses:
     GENERATIONS = (1, 2)
 
     def __init__(self):
-        self.count = dict.fromkeys(self.GENERATIONS, 0)
         self.ms: dict[int, list[float]] = {g: [] for g in self.GENERATIONS}
         self._start = 0.0
 
     def __call__(self, phase: str, info: dict) -> None:
         generation = info["generation"]
-        if generation not in self.count:
+        if generation not in self.ms:
             return
         if phase == "start":
             self._start = time.perf_counter()
         else:
-            self.count[generation] += 1
             self.ms[generation].append((time.perf_counter() - self._start) * 1e3)
 
+    @property
+    def count(self) -> dict[int, int]:
+        return {g: len(ms) for g, ms in self.ms.items()}
+
     def total(self) -> int:
-        return sum(self.count.values())
+        return sum(map(len, self.ms.values()))
 
 
 def main() -> None:
