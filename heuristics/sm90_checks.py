@@ -102,12 +102,13 @@ def split_problems(cfg: KernelConfig, problem: Problem, device: DeviceSpec) -> l
     batch of partials in registers besides its accumulators. (Any number of work units can run:
     no split waits for one that has not started; the heuristics keep split-K to one wave, see
     `split_choices`, because that is where it pays.)"""
-    if cfg.split_k == 1:
+    if cfg.split_k == 1 and not cfg.stream_k:
         return []
     regs = _acc_regs_of(cfg)
     if regs > SPLITK_ACC_REG_LIMIT:
+        what = "stream_k" if cfg.stream_k else f"split_k={cfg.split_k}"
         return [
-            f"split_k={cfg.split_k} with {regs} accumulators per math thread: the split-K reducer "
+            f"{what} with {regs} accumulators per math thread: the split-K reducer "
             f"needs <= {SPLITK_ACC_REG_LIMIT} (it holds a split of partials in registers too)"
         ]
     return []

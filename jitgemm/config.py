@@ -51,6 +51,8 @@ class KernelConfig:
     # load the last columns as a narrower piece (no padding columns)
     out_direct: bool = False  # the epilogue stores D (and reads C) with st.global / ld.global
     # through a pointer and a row stride: for outputs whose rows TMA cannot address (plan.choose)
+    stream_k: bool = False  # the tiles' K blocks, end to end, cut into one equal range per CTA
+    # (cluster): a tile cut between CTAs is summed by the fp32 fix-up (geometry.stream_k_segments)
 
     def __post_init__(self):
         problems = self.problems()
@@ -105,6 +107,8 @@ class KernelConfig:
             out.append(f"split_k must be in [1, 32], got {self.split_k}")
         if self.a_rows and not (self.a_rows % 8 == 0 and 8 <= self.a_rows < self.block_m):
             out.append(f"a_rows must be 0 or a multiple of 8 below block_m={self.block_m}, got {self.a_rows}")
+        if self.stream_k and self.split_k > 1:
+            out.append(f"stream_k cuts K itself: split_k must be 1, got {self.split_k}")
         if self.raster not in ("m", "n"):
             out.append(f"raster must be 'm' or 'n', got {self.raster!r}")
         return out
@@ -148,7 +152,7 @@ class KernelConfig:
             f"_c{self.num_consumers}_cl{self.cluster_size}{self.multicast}"
             f"_g{self.group_size}{self.raster}{'_C' if self.has_c else ''}{'_swap' if self.swap_ab else ''}"
             f"{f'_sk{self.split_k}' if self.split_k > 1 else ''}{f'_ar{self.a_rows}' if self.a_rows else ''}"
-            f"{'_bt' if self.b_tail else ''}{'_od' if self.out_direct else ''}"
+            f"{'_bt' if self.b_tail else ''}{'_od' if self.out_direct else ''}{'_stk' if self.stream_k else ''}"
         )
 
 

@@ -49,6 +49,57 @@ def splits_used(split_k, block_k, k):
     return np.maximum(1, np.minimum(split_k, ceil_div(k, block_k)))
 
 
+def k_blocks(cfg: KernelConfig, k: int) -> int:
+    return ceil_div(k, cfg.block_k)
+
+
+# Stream-K (KernelConfig.stream_k): the K blocks of all cluster tiles, laid end to end (tile t
+# holds blocks [t * kb, (t + 1) * kb) of kb), are cut into `ctas` equal ranges, cluster c owning
+# [total * c // ctas, total * (c + 1) // ctas). A tile cut between clusters is a split-K tile of
+# its own: the cluster holding its first K block is split 0, which sums the others' partials.
+# templates/sm90/gemm.cu.j2 (sk_owner, sk_work) walks the same ranges: change both together.
+
+
+def stream_k_owner(block: int, total: int, ctas: int) -> int:
+    """The cluster whose range holds K block `block` of `total` (the largest c with
+    total * c // ctas <= block)."""
+    return ((block + 1) * ctas - 1) // total
+
+
+def stream_k_segments(c: int, tiles: int, kb: int, ctas: int) -> list[tuple[int, int, int, int, int]]:
+    """Cluster c's work as (tile, split, splits, kb_begin, kb_end): each tile of its range, the
+    K blocks of it the cluster owns, its index among the clusters sharing the tile and their
+    count, in walk order."""
+    total = tiles * kb
+    block, end = total * c // ctas, total * (c + 1) // ctas
+    out = []
+    while block < end:
+        tile = block // kb
+        first, last = stream_k_owner(tile * kb, total, ctas), stream_k_owner(tile * kb + kb - 1, total, ctas)
+        kb_end = min(kb, end - tile * kb)
+        out.append((tile, c - first, last - first + 1, block - tile * kb, kb_end))
+        block = tile * kb + kb_end
+    return out
+
+
+def stream_k_max_splits(tiles: int, kb: int, ctas: int) -> int:
+    """The most clusters sharing one tile: the workspace's partial slots per tile."""
+    total = tiles * kb
+    if ctas <= tiles:  # a range is at least one tile long: a tile spans at most two ranges
+        return 1 if total % ctas == 0 and tiles % ctas == 0 else 2
+    return max(
+        stream_k_owner(t * kb + kb - 1, total, ctas) - stream_k_owner(t * kb, total, ctas) + 1 for t in range(tiles)
+    )
+
+
+def partial_slots(cfg: KernelConfig, cluster_tiles: int, k: int, ctas: int) -> int:
+    """fp32 partial tiles the split-K workspace holds per tile (the kernel's `num_splits`) for a
+    launch of `ctas` clusters: the K splits, or under stream_k the most clusters sharing a tile."""
+    if cfg.stream_k:
+        return stream_k_max_splits(cluster_tiles, k_blocks(cfg, k), ctas)
+    return num_splits(cfg, k)
+
+
 def persistent_grid(units: int, cluster_size: int, num_sms: int) -> int:
     """CTAs to launch for `units` work units: at most one per SM, a multiple of the cluster size."""
     return min(units, num_sms // cluster_size) * cluster_size

@@ -448,8 +448,8 @@ class KernelLaunch(Launch):
         ints, floats = ctypes.addressof(self.ints), ctypes.addressof(self.floats)
         args = addresses + [ints, ints + 4, ints + 8, floats, floats + 4]
         self.pointers = self.splits = None
-        if cfg.split_k > 1:
-            splits = geometry.num_splits(cfg, problem.k)
+        if cfg.split_k > 1 or cfg.stream_k:
+            splits = geometry.partial_slots(cfg, tiles // cfg.cluster_size, problem.k, grid // cfg.cluster_size)
             self.pointers = (ctypes.c_void_p * 2)()
             self.splits = ctypes.c_int(splits)
             pointers = ctypes.addressof(self.pointers)

@@ -47,6 +47,10 @@ KNOB_CONFIGS = [
     # ... and unswapped, B K-major: one unswizzled store box of the whole row
     KernelConfig(block_n=168, num_stages=4, b_major="K", has_c=True, cluster_size=2, multicast="A"),
     KernelConfig(block_m=64, num_consumers=1, block_n=72, num_stages=8, b_major="K", out_dtype="fp32", split_k=3),
+    # stream-K: its ranges cut tiles, summed by the split-K fix-up (pairs, C, a direct epilogue)
+    KernelConfig(block_n=192, num_stages=4, stream_k=True, a_major="M"),
+    KernelConfig(num_stages=5, stream_k=True, cluster_size=2, multicast="B", raster="n", has_c=True, out_dtype="fp32"),
+    KernelConfig(block_m=64, num_consumers=1, block_n=128, num_stages=8, stream_k=True, has_c=True, out_direct=True),
 ]
 
 

@@ -53,7 +53,12 @@ class Backend:
         )
 
     def work_units(self, cfg: KernelConfig, problem: Problem) -> int:
-        return self.cluster_tiles(cfg, problem.m, problem.n) * geometry.num_splits(cfg, problem.k)
+        """Units of work the persistent grid walks: K splits of cluster tiles, or under stream_k
+        the K blocks of all cluster tiles (a cluster takes a range of them)."""
+        tiles = self.cluster_tiles(cfg, problem.m, problem.n)
+        if cfg.stream_k:
+            return tiles * geometry.k_blocks(cfg, problem.k)
+        return tiles * geometry.num_splits(cfg, problem.k)
 
     def grid_size(self, cfg: KernelConfig, problem: Problem, num_sms: int) -> int:
         return geometry.persistent_grid(self.work_units(cfg, problem), cfg.cluster_size, num_sms)

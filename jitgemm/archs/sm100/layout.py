@@ -156,6 +156,8 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
     out = []
     if cfg.out_direct:
         out.append("out_direct: the sm_100a kernels store D with TMA only (an unaligned output is copied)")
+    if cfg.stream_k:
+        out.append("stream_k: the sm_100a kernels cut K by split_k only")
     if cfg.block_m != UMMA_M * cfg.num_consumers:
         out.append(
             f"block_m must be 128 per MMA consumer ({UMMA_M * cfg.num_consumers} for "

@@ -262,10 +262,10 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
     out = []
     elem = DTYPE_BYTES[cfg.dtype]
     if cfg.swap_ab:
-        if cfg.out_dtype == "fp32" or cfg.split_k > 1 or cfg.a_rows or cfg.b_tail:
+        if cfg.out_dtype == "fp32" or cfg.split_k > 1 or cfg.stream_k or cfg.a_rows or cfg.b_tail:
             out.append(
-                "swap_ab needs a 16-bit output and no split-K, a_rows or b_tail (its epilogue "
-                "stores the transposed accumulators with stmatrix)"
+                "swap_ab needs a 16-bit output and no split-K, stream-K, a_rows or b_tail (its "
+                "epilogue stores the transposed accumulators with stmatrix)"
             )
     if cfg.block_m % (WGMMA_M * cfg.num_consumers):
         out.append(
@@ -415,9 +415,15 @@ REDUCER_LEAD_KBLOCKS = 8
 PARTIALS_IN_FLIGHT_REGS = 128
 
 
+# Stream-K: the splits a tile usually has at most (its ranges at least half a tile long), for
+# the reducer's batch (`read_batch`); a tile with more reads them in more batches.
+STREAM_K_SPLITS = 3
+
+
 def read_batch(lay: KernelLayout) -> int:
     """Splits whose partials the split-K reducer (split 0) loads together: at least one."""
-    return int(splits_per_read(lay.config.split_k, lay.acc_regs))
+    splits = STREAM_K_SPLITS if lay.config.stream_k else lay.config.split_k
+    return int(splits_per_read(splits, lay.acc_regs))
 
 
 def splits_per_read(split_k, acc_regs):
