@@ -78,6 +78,8 @@ CASES = [
     # the next tile's or past the edge
     ("n48_piece", dict(block_m=64, num_consumers=1, block_n=48, num_stages=8), (300, 3000, 200), "row", "row", False),
     ("swap_ab_n48_piece", dict(block_n=48, num_stages=6, swap_ab=True), (150, 5000, 300), "col", "col", False),
+    # stream-K: 132 ranges of about 3 K blocks over 5 x 6 tiles of 13: a tile shared by up to five clusters
+    ("stream_k_c", dict(block_n=192, num_stages=4, stream_k=True, has_c=True), (600, 1100, 800), "row", "row", True),
     ("c_epilogue", dict(block_n=128, num_stages=4, has_c=True, out_dtype="fp32"), (300, 333, 200), "row", "row", True),
     ("b_tail", dict(block_n=144, num_stages=4, b_tail=True), (300, 500, 200), "row", "row", False),
     # one unswizzled output box per row block (176 = 11 x 16 columns), C read back from it
