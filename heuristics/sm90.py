@@ -48,6 +48,7 @@ from jitgemm import geometry
 from jitgemm.archs.sm90.layout import (
     BARRIER_BYTES,
     SMEM_CAPACITY,
+    STREAM_K_SPLITS,
     WGMMA_M,
     KernelLayout,
     layout_of,
@@ -969,22 +970,79 @@ def cost_of(problem: Problem, device: DeviceSpec, cfg: KernelConfig) -> Candidat
         plain = cost_of(transposed(problem), device, unswapped(cfg, problem))
         return Candidate(cfg, plain.cost, (), plain.terms)
     t = Tiles.of([cfg])
-    c = costs(problem, device, t, _tiling(problem, t), report=True)
+    if cfg.stream_k:
+        c = stream_k_costs(problem, device, t, report=True)
+    else:
+        c = costs(problem, device, t, _tiling(problem, t), report=True)
     return Candidate(cfg, round(float(c["cost"][0]), 6), (), _terms(problem, device, t, c, 0))
 
 
 def costs_of(problem: Problem, device: DeviceSpec, configs: list) -> np.ndarray:
     """The modelled cost (clock cycles) of each of `configs` on `problem`, costed all at once as
     select costs its candidates (the same numbers as `cost_of`): the swapped ones as the
-    configs of the transposed problem they run as."""
+    configs of the transposed problem they run as, the stream-K ones by `stream_k_costs`."""
+    both = [cfg.name for cfg in configs if cfg.swap_ab and cfg.stream_k]
+    if both:
+        raise ValueError(f"configs: stream_k does not run swapped: {both}")
     out = np.empty(len(configs))
-    for swap in (False, True):
-        rows = [i for i, cfg in enumerate(configs) if cfg.swap_ab == swap]
+    for swap, stream_k in ((False, False), (True, False), (False, True)):
+        rows = [i for i, cfg in enumerate(configs) if (cfg.swap_ab, cfg.stream_k) == (swap, stream_k)]
         if rows:
             p = transposed(problem) if swap else problem
             t = Tiles.of([unswapped(configs[i], problem) if swap else configs[i] for i in rows])
-            out[rows] = costs(p, device, t, _tiling(p, t))["cost"]
+            out[rows] = (stream_k_costs(p, device, t) if stream_k else costs(p, device, t, _tiling(p, t)))["cost"]
     return out
+
+
+# Stream-K (KernelConfig.stream_k; geometry.stream_k_segments) cuts the K blocks of the last one
+# to two waves' worth of tiles into one equal range per cluster: every cluster busy to the end,
+# at the price of the split-K fix-up of the tiles cut between clusters. `select` does not choose
+# it: a rule choosing it where these costs are lower changed 10 of the recorded choices and 79
+# of the dense ones; 23 of those, forced, ran 0.937x as fast as the wave order's choices
+# (geomean; 8 faster, 13 slower, 0.60 to 1.35x; H100, 2026-12-07, BENCHMARKS.md session 22). Forced configs (config=, tuning files)
+# are costed by it (`cost_of`, `costs_of`).
+
+
+def stream_k_costs(problem: Problem, device: DeviceSpec, t: Tiles, report: bool = False) -> dict:
+    """`costs` of the candidates `t` (stream_k, unswapped) on `problem`: every cluster busy to the end
+    (no wave quantisation), running its K blocks (its whole tiles', then its share of the cut
+    range's) at the tile's k-block time with every CTA busy, the epilogues of the tiles it
+    reduces (at most ceil(tiles / clusters)), and the fix-up of a tile cut between `splits`
+    clusters (two where the cut range is a wave or more; else about clusters / cut tiles + 1),
+    with the workspace of the cut tiles."""
+    til = _tiling(problem, t)
+    k_blocks = ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype])
+    units, cluster = til.units, t.cluster_size
+    ctas = np.minimum(_slots(device, cluster)[0], units * k_blocks)  # clusters launched (grid_size)
+    cut = units - geometry.stream_k_whole_tiles(units, ctas)
+    # (the most clusters sharing a cut tile, as geometry.stream_k_max_splits counts them tile by
+    # tile: 2 where a range is a tile or longer, else about clusters per tile + 1)
+    splits = np.where(cut >= ctas, 2, ceil_div(ctas, np.maximum(cut, 1)) + 1)
+    splits = np.where(cut == 0, 1, np.minimum(splits, k_blocks))
+    split_cols = _split_columns(splits, t.block_n, STREAM_K_SPLITS, t.acc_regs)
+    w = _wave_terms(device, t, til, k_blocks, False, report, split_cols)
+    active = np.array((ctas, ctas)) * cluster
+    mma = t.flops / _rate_table(RATES, device.num_sms)[active[0]]
+    # (the workspace of the cut tiles: `_splitk_terms` counts it per m block)
+    cut_tiles = ceil_div(cut * cluster, til.num_m) * til.num_m
+    fixup = _splitk_terms(split_cols, til.num_m, cut_tiles, active) if w.split is not None else ()
+    w = w._replace(
+        kb_unit=geometry.stream_k_cluster_blocks(units, k_blocks, ctas),
+        work=ctas,
+        busy=ctas,
+        full_waves=np.zeros_like(ctas),
+        last=ctas,
+        active=active,
+        mma=mma,
+        fixed=np.maximum(mma, t.fixed_clk),
+        **dict(zip(("rounds", "round_trip_clk", "fixup_reads", "ws_units", "num_m", "column_bytes"), fixup)),
+    )
+    times = t.times.copy()
+    times[Tiles.TIMES.index("epilogue_clk")] *= ceil_div(units, ctas)
+    t = Tiles(t.configs, t.ints, times)
+    lines = _shared_line_clk(problem, w.active, til.num_m * (1 + t.shares_a), til.num_n * (1 + t.shares_b))
+    moved = np.array((til.lands, til.l2_reads, til.dram_rows), dtype=float)
+    return _byte_terms(problem, t, w, moved, np.maximum(w.fixed, lines), report, til, lines)
 
 
 # ----------------------------------------------------------------------------- search

@@ -51,8 +51,9 @@ class KernelConfig:
     # load the last columns as a narrower piece (no padding columns)
     out_direct: bool = False  # the epilogue stores D (and reads C) with st.global / ld.global
     # through a pointer and a row stride: for outputs whose rows TMA cannot address (plan.choose)
-    stream_k: bool = False  # the tiles' K blocks, end to end, cut into one equal range per CTA
-    # (cluster): a tile cut between CTAs is summed by the fp32 fix-up (geometry.stream_k_segments)
+    stream_k: bool = False  # sm_90a: the K blocks of the last one to two waves' worth of tiles,
+    # end to end, cut into one equal range per CTA (cluster), a tile cut between CTAs summed by
+    # the fp32 fix-up (geometry.stream_k_segments); forced configs only, select never picks it
 
     def __post_init__(self):
         problems = self.problems()

@@ -53,11 +53,42 @@ def k_blocks(cfg: KernelConfig, k: int) -> int:
     return ceil_div(k, cfg.block_k)
 
 
-# Stream-K (KernelConfig.stream_k): the K blocks of all cluster tiles, laid end to end (tile t
-# holds blocks [t * kb, (t + 1) * kb) of kb), are cut into `ctas` equal ranges, cluster c owning
-# [total * c // ctas, total * (c + 1) // ctas). A tile cut between clusters is a split-K tile of
-# its own: the cluster holding its first K block is split 0, which sums the others' partials.
-# templates/sm90/gemm.cu.j2 (sk_owner, sk_work) walks the same ranges: change both together.
+# Stream-K (KernelConfig.stream_k): every cluster first takes the same number of whole tiles, in
+# waves (tile c, c + ctas, ...: stream_k_whole_tiles of them in all), then the K blocks of the
+# tiles left, laid end to end (tile t holding blocks [t * kb, (t + 1) * kb) of kb), are cut into
+# `ctas` equal ranges, cluster c owning [total * c // ctas, total * (c + 1) // ctas).
+# - Only the last one to two waves' worth is cut: cut over all tiles, the clusters would work on
+#   tiles spread over the whole output at once, and neighbouring tiles would no longer share
+#   their operands' rows through L2.
+# - A cluster walks its range from its end: the piece of its last tile first (from that tile's
+#   K block 0), the piece of its first tile last (up to that tile's last K block). So the
+#   clusters start their cut ranges together at K block 0 and end them together at the last
+#   one, and tiles that share operand rows read them at about the same time; walked from its
+#   start, cluster c would begin at K block (c * range) % kb. (A range inside one tile, where
+#   fewer tiles than clusters are cut, keeps its own offset.) Measured on the H100 (2026-12-07), m128n128 B pairs: 1536x2112x16000 nn
+#   ran in 335 us walked from the start, 225 walked from the end (the wave order: 183).
+# - A tile cut between clusters is a split-K tile of its own: the cluster holding its last K
+#   block, which reaches it last, is split 0 and sums the others' partials. Where anything is
+#   cut, every cluster's range must hold a K block (a cluster of an empty range would count
+#   among a tile's splits and never arrive): the launch has at most as many clusters as the cut
+#   range has K blocks (it has a tile's per cluster, or all tiles and a cluster per K block at
+#   most).
+# templates/sm90/gemm.cu.j2 (StreamK) walks the same ranges: change both together.
+
+
+def stream_k_whole_tiles(tiles, ctas):
+    """The tiles walked whole, in waves, before the cut range: all where they make whole waves,
+    else all but the last one to two waves' worth (none for two waves or fewer). Elementwise
+    over integer arrays too."""
+    waves, rest = tiles // ctas, tiles % ctas
+    return (waves - (rest != 0)) * (waves > 0) * ctas
+
+
+def stream_k_cluster_blocks(tiles, kb, ctas):
+    """The K blocks of the longest walk of a cluster: its whole tiles' and the most of the cut
+    range's. Elementwise over integer arrays too."""
+    whole = stream_k_whole_tiles(tiles, ctas)
+    return whole // ctas * kb + ceil_div((tiles - whole) * kb, ctas)
 
 
 def stream_k_owner(block: int, total: int, ctas: int) -> int:
@@ -67,26 +98,30 @@ def stream_k_owner(block: int, total: int, ctas: int) -> int:
 
 
 def stream_k_segments(c: int, tiles: int, kb: int, ctas: int) -> list[tuple[int, int, int, int, int]]:
-    """Cluster c's work as (tile, split, splits, kb_begin, kb_end): each tile of its range, the
-    K blocks of it the cluster owns, its index among the clusters sharing the tile and their
-    count, in walk order."""
-    total = tiles * kb
-    block, end = total * c // ctas, total * (c + 1) // ctas
-    out = []
-    while block < end:
-        tile = block // kb
+    """Cluster c's work as (tile, split, splits, kb_begin, kb_end): each tile it takes, the K
+    blocks of it the cluster owns, its index among the clusters sharing the tile (0: the one
+    holding its last K block) and their count, in walk order."""
+    whole = stream_k_whole_tiles(tiles, ctas)
+    out = [(tile, 0, 1, 0, kb) for tile in range(c, whole, ctas)]
+    total = (tiles - whole) * kb
+    begin, block = total * c // ctas, total * (c + 1) // ctas
+    while block > begin:
+        tile = (block - 1) // kb
         first, last = stream_k_owner(tile * kb, total, ctas), stream_k_owner(tile * kb + kb - 1, total, ctas)
-        kb_end = min(kb, end - tile * kb)
-        out.append((tile, c - first, last - first + 1, block - tile * kb, kb_end))
-        block = tile * kb + kb_end
+        kb_begin = max(begin, tile * kb) - tile * kb
+        out.append((whole + tile, last - c, last - first + 1, kb_begin, block - tile * kb))
+        block = tile * kb + kb_begin
     return out
 
 
 def stream_k_max_splits(tiles: int, kb: int, ctas: int) -> int:
     """The most clusters sharing one tile: the workspace's partial slots per tile."""
+    tiles -= stream_k_whole_tiles(tiles, ctas)
     total = tiles * kb
+    if tiles == 0:
+        return 1
     if ctas <= tiles:  # a range is at least one tile long: a tile spans at most two ranges
-        return 1 if total % ctas == 0 and tiles % ctas == 0 else 2
+        return 2
     return max(
         stream_k_owner(t * kb + kb - 1, total, ctas) - stream_k_owner(t * kb, total, ctas) + 1 for t in range(tiles)
     )

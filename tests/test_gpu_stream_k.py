@@ -24,9 +24,10 @@ STREAM_K_CONFIGS = [
     KernelConfig(num_stages=5, stream_k=True, cluster_size=2, multicast="B", raster="n", has_c=True, out_dtype="fp32"),
     KernelConfig(block_m=64, num_consumers=1, block_n=128, num_stages=8, stream_k=True, has_c=True),
 ]
-# (M, N, K): 2-3 clusters a tile (long K, few tiles), a cut tile per cluster, several whole
-# tiles a cluster (short K), one tile of two K blocks, odd sizes
-SHAPES = [(640, 1536, 8192), (300, 1000, 3000), (1000, 1400, 200), (64, 128, 128), (129, 777, 1501)]
+# (M, N, K): 2-3 clusters a tile (long K, few tiles), a cut tile per cluster, several cut
+# tiles a cluster (short K), one tile of two K blocks, odd sizes, over two waves of tiles (whole
+# tiles in waves, then the cut range)
+SHAPES = [(640, 1536, 8192), (300, 1000, 3000), (1000, 1400, 200), (64, 128, 128), (129, 777, 1501), (4000, 2900, 1000)]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_results_counters_and_repeats(cfg, gen):
     stream = torch.cuda.current_stream().cuda_stream
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     arch = registry.get(cfg.arch)
-    cut = 0
+    cut = whole_then_cut = 0
     for m, n, k in SHAPES:
         la = "row" if cfg.a_major == "K" else "col"
         lb = "row" if cfg.b_major == "N" else "col"
@@ -62,7 +63,9 @@ def test_results_counters_and_repeats(cfg, gen):
         tiles = arch.cluster_tiles(cfg, m, n)
         ctas = arch.grid_size(cfg, p, sms) // cfg.cluster_size
         cut = max(cut, geometry.partial_slots(cfg, tiles, k, ctas))
+        whole_then_cut += 0 < geometry.stream_k_whole_tiles(tiles, ctas) < tiles
     assert cut >= 3  # the shapes cut some tile between three clusters
+    assert whole_then_cut  # and some cluster takes whole tiles before its cut range
 
 
 def test_stream_k_needs_no_co_residency():

@@ -54,7 +54,8 @@ class Backend:
 
     def work_units(self, cfg: KernelConfig, problem: Problem) -> int:
         """Units of work the persistent grid walks: K splits of cluster tiles, or under stream_k
-        the K blocks of all cluster tiles (a cluster takes a range of them)."""
+        the K blocks of all cluster tiles (a cluster takes whole tiles, then a range of the K
+        blocks of the rest; geometry.stream_k_segments)."""
         tiles = self.cluster_tiles(cfg, problem.m, problem.n)
         if cfg.stream_k:
             return tiles * geometry.k_blocks(cfg, problem.k)
