@@ -16,6 +16,8 @@ def test_differing_and_summary(ab):
     assert ab.differing([{"a": 1}, {"a": 2}, {"a": 3}], [{"a": 1}, {"a": 5}, {"a": 3}]) == [1]
     with pytest.raises(ValueError):
         ab.differing([{}], [{}, {}])
+    # a field the reference tree lacks is its default there
+    assert ab.differing([{"block_n": 128}, {}], [{"block_n": 128, "stream_k": False}, {"stream_k": True}]) == [1]
     rows = [{"ratio": 1.10}, {"ratio": 0.90}, {"ratio": 1.01}, {"ref_error": math.inf}]
     got = ab.summary(rows)
     assert got["timed"] == 3 and got["faster"] == 1 and got["slower"] == 1
