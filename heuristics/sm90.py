@@ -999,8 +999,8 @@ def costs_of(problem: Problem, device: DeviceSpec, configs: list) -> np.ndarray:
 # at the price of the split-K fix-up of the tiles cut between clusters. `select` does not choose
 # it: a rule choosing it where these costs are lower changed 10 of the recorded choices and 79
 # of the dense ones; 23 of those, forced, ran 0.937x as fast as the wave order's choices
-# (geomean; 8 faster, 13 slower, 0.60 to 1.35x; H100, 2026-12-07, BENCHMARKS.md session 22). Forced configs (config=, tuning files)
-# are costed by it (`cost_of`, `costs_of`).
+# (geomean; 8 faster, 13 slower, 0.60 to 1.35x; H100, 2026-12-07, BENCHMARKS.md session 22).
+# Forced configs (config=, tuning files) are costed by it (`cost_of`, `costs_of`).
 
 
 def stream_k_costs(problem: Problem, device: DeviceSpec, t: Tiles, report: bool = False) -> dict:
