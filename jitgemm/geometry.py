@@ -65,8 +65,9 @@ def k_blocks(cfg: KernelConfig, k: int) -> int:
 #   clusters start their cut ranges together at K block 0 and end them together at the last
 #   one, and tiles that share operand rows read them at about the same time; walked from its
 #   start, cluster c would begin at K block (c * range) % kb. (A range inside one tile, where
-#   fewer tiles than clusters are cut, keeps its own offset.) Measured on the H100 (2026-12-07), m128n128 B pairs: 1536x2112x16000 nn
-#   ran in 335 us walked from the start, 225 walked from the end (the wave order: 183).
+#   fewer tiles than clusters are cut, keeps its own offset.) Measured on the H100 (2026-12-07),
+#   m128n128 B pairs: 1536x2112x16000 nn ran in 335 us walked from the start, 225 walked from
+#   the end (the wave order: 183).
 # - A tile cut between clusters is a split-K tile of its own: the cluster holding its last K
 #   block, which reaches it last, is split 0 and sums the others' partials. Where anything is
 #   cut, every cluster's range must hold a K block (a cluster of an empty range would count
