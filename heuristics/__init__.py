@@ -117,7 +117,8 @@ def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> Kerne
     other (and no cluster when select's pairing does not fit the tile given), num_stages (as many
     as fit) and split_k (the cost model's best for that tile) when the tile changes, and the
     raster when the tile or split_k changes. `{"split_k": 4}` alone keeps select's tile and
-    splits its K range up to 4 ways; `{"split_k": 1}` turns split-K off. `{"swap_ab": true}`
+    splits its K range up to 4 ways; `{"split_k": 1}` turns split-K off; `{"stream_k": true}` keeps
+    select's tile and cuts its K blocks by stream-K instead (split_k 1; an unswapped choice only). `{"swap_ab": true}`
     (tile fields then in kernel coordinates, see jitgemm.geometry) drops select's B tail, a_rows,
     split-K and pair unless given. On sm_100a the same by
     the sm100 rules: num_consumers = block_m // 128, multicast 'A' under swap_ab else 'B' for a

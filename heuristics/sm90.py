@@ -1936,11 +1936,13 @@ def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, devic
         for field, off in extras:
             if field not in data:
                 merged[field] = off
+    if merged["stream_k"] and "split_k" not in data:
+        merged["split_k"] = 1  # stream-K cuts the K blocks itself
     if chosen.swap_ab and not merged["swap_ab"] and "block_n" not in data and merged["block_n"] % 16:
         merged["block_n"] += 8  # a `narrowed` width is for swapped tiles: unswapped, the one it narrowed
     cfg = KernelConfig(**merged)
     tile_changed = any(k in data for k in rules.TILE_FIELDS)
-    if not (tile_changed or "split_k" in data):
+    if not (tile_changed or "split_k" in data or "stream_k" in data):
         return cfg
     if tile_changed and structural_problems(cfg) and "cluster_size" not in data and "multicast" not in data:
         # select's pairing does not fit the tile that was given: run without a cluster
@@ -1948,7 +1950,7 @@ def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, devic
     if not structural_problems(cfg):
         if tile_changed and "num_stages" not in data:
             cfg, _ = with_stages(cfg, device)
-        if tile_changed and "split_k" not in data and not cfg.swap_ab:
+        if tile_changed and "split_k" not in data and not cfg.swap_ab and not cfg.stream_k:
             cfg = with_split(cfg, problem, device)  # select's split was for its own tile
         if "raster" not in data and "group_size" not in data:
             cfg = with_raster(cfg, problem, device)

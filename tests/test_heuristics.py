@@ -1122,6 +1122,28 @@ def test_env_partial_override_rederives_dependent_fields(monkeypatch):
     assert cfg == KernelConfig(**{**select(p, H200).to_dict(), "group_size": 3})
 
 
+def test_env_stream_k(monkeypatch):
+    """stream_k alone keeps select's tile and drops its split (stream-K cuts K itself); a swapped
+    choice cannot take it (ValueError naming JITGEMM_CONFIG)."""
+    p = Problem(417, 1536, 16384, b_major="K")
+    chosen = select(p, H200)
+    assert chosen.split_k > 1 and not chosen.swap_ab
+    monkeypatch.setenv("JITGEMM_CONFIG", '{"stream_k": true}')
+    cfg = config_from_env(p, H200)
+    assert cfg.stream_k and cfg.split_k == 1 and check_config(cfg, p, H200) == []
+    assert (cfg.block_m, cfg.block_n, cfg.cluster_size, cfg.num_stages) == (
+        chosen.block_m,
+        chosen.block_n,
+        chosen.cluster_size,
+        chosen.num_stages,
+    )
+    assert cfg == sm90.with_raster(KernelConfig(**{**chosen.to_dict(), "split_k": 1, "stream_k": True}), p, H200)
+    swapped = Problem(640, 4096, 8192, a_major="M")
+    assert select(swapped, H200).swap_ab
+    with pytest.raises(ValueError, match="JITGEMM_CONFIG.*stream-K"):
+        config_from_env(swapped, H200)
+
+
 def test_env_split_k(monkeypatch):
     p = Problem(64, 4096, 7168)
     chosen = select(p, H200)
