@@ -602,6 +602,11 @@ def _rate_table(rates: ArchRates, of: int | str):
     return got[1]
 
 
+def _k_blocks(problem: "Problem | _Shape") -> int:
+    """K blocks of `problem`: 128 bytes of K each, whatever the tile."""
+    return ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype])
+
+
 def costs(
     problem: Problem, device: DeviceSpec, t: Tiles, til: _Tiling, report: bool = False, unsplit: bool = False
 ) -> dict:
@@ -612,7 +617,7 @@ def costs(
     coordinates: a swap_ab config is costed as the config of the transposed problem it runs as
     (`transposed`, `unswapped`). Rates: RATES (`device.rates` of every sm_90a device). In two
     parts: `_wave_terms`, which M enters only through its m block counts, and `_byte_terms`."""
-    k_blocks = ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype])
+    k_blocks = _k_blocks(problem)
     shared = til.wide is not None or _shared_wave_possible(problem)
     if shared and til.wide is None:
         til = til._replace(wide=_wide_wave_tiles(problem, t.block_m, til.num_m))
@@ -1011,7 +1016,7 @@ def stream_k_costs(problem: Problem, device: DeviceSpec, t: Tiles, report: bool 
     clusters (two where the cut range is a wave or more; else about clusters / cut tiles + 1),
     with the workspace of the cut tiles."""
     til = _tiling(problem, t)
-    k_blocks = ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype])
+    k_blocks = _k_blocks(problem)
     units, cluster = til.units, t.cluster_size
     ctas = np.minimum(_slots(device, cluster)[0], units * k_blocks)  # clusters launched (grid_size)
     cut = units - geometry.stream_k_whole_tiles(units, ctas)
@@ -1459,7 +1464,7 @@ def _rows(problem: "Problem | _Shape", device: DeviceSpec, moves: bool = True) -
         lay.wave_slots,
         wide if _shared_wave_possible(problem) else None,
     )
-    k_blocks = ceil_div(problem.k, K_BLOCK_BYTES // DTYPE_BYTES[problem.dtype])
+    k_blocks = _k_blocks(problem)
     return _Rows(lay, til, k_blocks, exempt, can_share & by_n.can_share, m_side, by_n, made)
 
 

@@ -50,6 +50,7 @@ def splits_used(split_k, block_k, k):
 
 
 def k_blocks(cfg: KernelConfig, k: int) -> int:
+    """K blocks of a K extent `k` under `cfg` (the last one partial)."""
     return ceil_div(k, cfg.block_k)
 
 
