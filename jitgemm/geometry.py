@@ -137,6 +137,15 @@ def partial_slots(cfg: KernelConfig, cluster_tiles: int, k: int, ctas: int) -> i
     return num_splits(cfg, k)
 
 
+def partial_tiles(cfg: KernelConfig, cluster_tiles: int, ctas: int) -> int:
+    """The cluster tiles the split-K workspace holds partials and counters of, for a launch of
+    `ctas` clusters: every tile under split_k, the cut ones under stream_k (the kernel indexes
+    them from the first cut tile; a whole tile never touches the workspace)."""
+    if cfg.stream_k:
+        return cluster_tiles - stream_k_whole_tiles(cluster_tiles, ctas)
+    return cluster_tiles
+
+
 def persistent_grid(units: int, cluster_size: int, num_sms: int) -> int:
     """CTAs to launch for `units` work units: at most one per SM, a multiple of the cluster size."""
     return min(units, num_sms // cluster_size) * cluster_size

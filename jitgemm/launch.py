@@ -511,10 +511,12 @@ class KernelLaunch(Launch):
         """The sizes of the workspace's REGIONS this launch needs. Split-K: an fp32 partial
         tile per split (whichever split finishes last reduces a tile), and two counters per
         tile and math warpgroup."""
-        cfg, tiles = self.cfg, self.tiles
+        cfg = self.cfg
         if self.pointers is None:
             split_k = (0, 0)
         else:
+            cluster = cfg.cluster_size
+            tiles = geometry.partial_tiles(cfg, self.tiles // cluster, self.grid // cluster) * cluster
             split_k = (
                 _round(tiles * self.splits.value * cfg.block_m * cfg.block_n * 4),
                 _round(tiles * cfg.num_consumers * 8),

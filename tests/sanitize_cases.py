@@ -80,6 +80,15 @@ CASES = [
     ("swap_ab_n48_piece", dict(block_n=48, num_stages=6, swap_ab=True), (150, 5000, 300), "col", "col", False),
     # stream-K: 132 ranges of about 3 K blocks over 5 x 6 tiles of 13: a tile shared by up to five clusters
     ("stream_k_c", dict(block_n=192, num_stages=4, stream_k=True, has_c=True), (600, 1100, 800), "row", "row", True),
+    # stream-K past two waves: 31 x 23 = 713 tiles of m64n128, 528 whole, then 185 cut among 132 clusters
+    (
+        "stream_k_whole_then_cut",
+        dict(block_m=64, num_consumers=1, block_n=128, num_stages=8, stream_k=True),
+        (1984, 2900, 640),
+        "row",
+        "col",
+        False,
+    ),
     ("c_epilogue", dict(block_n=128, num_stages=4, has_c=True, out_dtype="fp32"), (300, 333, 200), "row", "row", True),
     ("b_tail", dict(block_n=144, num_stages=4, b_tail=True), (300, 500, 200), "row", "row", False),
     # one unswizzled output box per row block (176 = 11 x 16 columns), C read back from it

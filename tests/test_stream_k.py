@@ -54,6 +54,21 @@ def test_ranges_cover_every_k_block_once_and_name_the_splits(tiles, kb, ctas):
     assert min(lengths) >= 1 and max(lengths) - min(lengths) <= 1
 
 
+@pytest.mark.parametrize("tiles,kb,ctas", CASES)
+def test_the_workspace_holds_the_cut_tiles(tiles, kb, ctas):
+    """The kernel indexes a cut tile's partials and counters from the first cut tile: every tile
+    shared by clusters lands inside geometry.partial_tiles, and only those use it."""
+    ctas = min(ctas, tiles * kb)
+    cfg = KernelConfig(stream_k=True)
+    held = geometry.partial_tiles(cfg, tiles, ctas)
+    whole = geometry.stream_k_whole_tiles(tiles, ctas)
+    shared = {
+        t for c in range(ctas) for t, _, splits, *_ in geometry.stream_k_segments(c, tiles, kb, ctas) if splits > 1
+    }
+    assert all(0 <= t - whole < held for t in shared)
+    assert held == tiles - whole and geometry.partial_tiles(KernelConfig(split_k=2), tiles, ctas) == tiles
+
+
 @pytest.mark.parametrize("tiles,kb,ctas", CASES[:30])
 def test_cluster_blocks_is_the_longest_walk(tiles, kb, ctas):
     ctas = min(ctas, tiles * kb)
