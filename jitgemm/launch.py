@@ -510,7 +510,8 @@ class KernelLaunch(Launch):
     def workspace_bytes(self) -> tuple:
         """The sizes of the workspace's REGIONS this launch needs. Split-K: an fp32 partial
         tile per split (whichever split finishes last reduces a tile), and two counters per
-        tile and math warpgroup."""
+        tile and math warpgroup, for the tiles geometry.partial_tiles names (every tile under
+        split_k, the cut ones under stream_k)."""
         cfg = self.cfg
         if self.pointers is None:
             split_k = (0, 0)
