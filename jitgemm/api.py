@@ -160,8 +160,8 @@ def _warn_copy(argname: str, what: str) -> None:
             return
         _warned.add(argname)
     reason = (
-        "TMA needs a unit-stride dimension, a 16-byte aligned base address and leading stride, and "
-        "rows of whole 16-byte units; a copy kernel stages it into aligned rows of a workspace "
+        "TMA needs a unit-stride dimension and a 16-byte aligned base address and leading stride "
+        "(rows padded to whole 16-byte units); a copy kernel stages it into aligned rows of a workspace "
         "reused across calls"
         if argname in ("a", "b")
         else "outputs and C of unit-stride, element-aligned rows are written and read in place at any "
@@ -180,7 +180,7 @@ def _operand_major(view: View) -> tuple:
     major = view.major()
     if major is None:
         return 1, True
-    return major, not view.tma_ready(major)
+    return major, not view.tma_readable(major)
 
 
 def _row_major(view: View | None) -> bool:
@@ -459,8 +459,9 @@ def gemm(
         host array (then every array argument must be NumPy: they are copied to the current
         GPU, computed there, and the result is NumPy; the call waits for the GPU). Any positive
         strides: row-major arrays and transposed views (``x.T``) are read in place when TMA
-        allows it (16-byte aligned base address and leading stride, unit inner stride, rows of
-        whole 16-byte units); other layouts are copied into an aligned buffer, with a one-time
+        allows it (16-byte aligned base address and leading stride, unit inner stride; rows
+        that end mid-unit in padded rows, such as a slice ``x[:, :1021]``, are read in place);
+        other layouts are copied into an aligned buffer, with a one-time
         :class:`FallbackCopyWarning` naming the argument, except a `b` whose rows along N (or
         columns along K, as ``W.t()``) have unit stride when `a` has at most four (sixteen)
         rows: a decode kernel then reads `b` in place (unless `config` or ``JITGEMM_CONFIG``

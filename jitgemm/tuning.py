@@ -109,8 +109,8 @@ class _Operand:
 def _device_operand(host: np.ndarray, major_inner: bool, dtype: str, stream: int) -> _Operand:
     """`host` (rows x cols, float32) on the device in `dtype`, laid out row-major when
     `major_inner`, else column-major (a transposed view), its leading dimension padded to 16
-    bytes. A logical row that is not whole 16-byte units is still copied by `gemm` before the
-    kernel, as in the user's own calls (FallbackCopyWarning): the tuner times that call."""
+    bytes, which `gemm` reads in place whatever the logical row's length: the tuner times the
+    kernel, not the staging copy a contiguous array of a ragged row length gets."""
     dense = host if major_inner else host.T
     pad = 16 // numpy_dtype(dtype).itemsize
     stored = np.zeros((dense.shape[0], -(-dense.shape[1] // pad) * pad), numpy_dtype(dtype))

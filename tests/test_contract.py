@@ -565,6 +565,25 @@ def test_tma_ready(shape, strides, ptr, ready):
     assert arrays.View(None, None, ptr, shape, strides, "fp16", 2, 0).tma_ready(1) is ready
 
 
+@pytest.mark.parametrize(
+    "shape, strides, ptr, readable",
+    [
+        ((64, 32), (32, 1), 1 << 20, True),
+        ((64, 32), (32, 1), (1 << 20) + 2, False),  # misaligned base
+        ((64, 7), (8, 1), 1 << 20, True),  # ragged row of 14 bytes in rows of 16: loads as zeros past it
+        ((64, 7), (7, 1), 1 << 20, False),  # contiguous ragged rows: each starts at its own offset
+        ((64, 32), (36, 1), 1 << 20, False),  # leading stride 72 bytes
+        ((64, 1021), (1024, 1), 1 << 20, True),  # a slice x[:, :1021]
+    ],
+)
+def test_tma_readable_operands_may_end_mid_unit(shape, strides, ptr, readable):
+    """Operands (loads) need a 16-byte base and leading stride only; outputs (stores) also rows of
+    whole units (tma_ready)."""
+    view = arrays.View(None, None, ptr, shape, strides, "fp16", 2, 0)
+    assert view.tma_readable(1) is readable
+    assert view.tma_ready(1) is (readable and shape[1] * 2 % 16 == 0)
+
+
 def test_fake_pointer_device_mapping_is_used():
     """The fixture's pointer->device map is what gemm consults (the tripwire test above would
     pass vacuously otherwise)."""

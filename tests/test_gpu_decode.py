@@ -30,16 +30,19 @@ def randn(shape, dtype, gen):
 
 def weight(k, n, dtype, layout, gen):
     """(K, N) with rows TMA cannot read: "odd" contiguous rows of an N not a multiple of 8,
-    "padded" rows of a larger stride ("nan-padded": NaN in the padding), "shifted" a view
-    starting 2 bytes into a unit; "W.t() ..." the same of W (N, K), as b = W.t() (K-major)."""
+    "padded" rows of a larger stride that is not whole 16-byte units either ("nan-padded": NaN
+    in the padding; rows padded to whole units TMA reads in place, test_gpu_unaligned.py),
+    "shifted" a view starting 2 bytes into a unit; "W.t() ..." the same of W (N, K), as
+    b = W.t() (K-major)."""
     if layout.startswith("W.t() "):
         return weight(n, k, dtype, layout[6:], gen).t()
+    pad = 3 if (n + 3) % 8 else 5
     if layout == "odd":
         return randn((k, n), dtype, gen)
     if layout == "padded":
-        return randn((k, n + 3), dtype, gen)[:, :n]
+        return randn((k, n + pad), dtype, gen)[:, :n]
     if layout == "nan-padded":  # the padding NaN: no product may read it (0 * NaN is NaN)
-        w = randn((k, n + 3), dtype, gen)
+        w = randn((k, n + pad), dtype, gen)
         w[:, n:] = float("nan")
         return w[:, :n]
     return randn((k, n + 8), dtype, gen)[:, 1 : n + 1]
@@ -63,8 +66,8 @@ def decoded(*args, **kw):
     return res
 
 
-CASES = [  # (m, n, k, dtype, b layout)
-    (1, 3, 1, "bf16", "odd"),
+CASES = [  # (m, n, k, dtype, b layout); (a b of one row TMA reads in place: test_gpu_unaligned.py)
+    (1, 3, 2, "bf16", "odd"),
     (2, 5, 3, "fp16", "odd"),
     (1, 7, 17, "bf16", "padded"),
     (2, 9, 4097, "bf16", "shifted"),
@@ -81,7 +84,7 @@ CASES = [  # (m, n, k, dtype, b layout)
     (3, 16332, 960, "fp16", "shifted"),
     (4, 50257, 4096, "bf16", "odd"),
     # K-major b (the cols kernel): K < 8, one strip, column blocks past N, two n8 products
-    (1, 3, 1, "bf16", "W.t() odd"),
+    (1, 3, 3, "bf16", "W.t() odd"),
     (2, 5, 7, "fp16", "W.t() odd"),
     (1, 64, 9, "bf16", "W.t() padded"),
     (5, 65, 33, "bf16", "W.t() shifted"),

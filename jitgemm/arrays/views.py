@@ -87,23 +87,25 @@ class View:
             return 0
         return None
 
-    def tma_ready(self, major: int) -> bool:
-        """Whether TMA can use this view with dimension `major` innermost, without a copy.
-
-        Besides 16-byte aligned base and leading stride, the rows must span whole 16-byte
-        units: measured on the H200, TMA stores past a row end up to the next 16-byte boundary
-        (and loads are treated the same way to be safe), so a ragged row end would write into,
-        or read from, memory outside the array.
-        """
+    def tma_readable(self, major: int) -> bool:
+        """Whether TMA can load this view with dimension `major` innermost, in place: a 16-byte
+        aligned base and leading stride. The rows may end mid-unit (a K or N that is not a
+        multiple of 8 in rows padded to whole units, a slice of a wider array): a box starts on
+        a 16-byte unit whatever the extent, and the elements past the extent load as zeros
+        (measured on an H100, BENCHMARKS.md, session 25: NaN past the row end stays out of
+        the result). What TMA cannot load is a box starting mid-unit, so a leading stride that is
+        not a whole number of units (each row starts at its own offset) is copied."""
         if self.strides is None:
             return False
         lead = self.leading_stride_bytes(major)
-        return (
-            self.ptr % TMA_ALIGN == 0
-            and lead % TMA_ALIGN == 0
-            and lead < (1 << 40)
-            and (self.shape[major] * self.itemsize) % TMA_ALIGN == 0
-        )
+        return self.ptr % TMA_ALIGN == 0 and lead % TMA_ALIGN == 0 and lead < (1 << 40)
+
+    def tma_ready(self, major: int) -> bool:
+        """Whether TMA can store this view with dimension `major` innermost, without a copy:
+        `tma_readable`, and rows of whole 16-byte units: measured on the H200, TMA stores past
+        a row end up to the next 16-byte boundary, so a ragged row end would write outside the
+        array."""
+        return self.tma_readable(major) and (self.shape[major] * self.itemsize) % TMA_ALIGN == 0
 
     def leading_stride_bytes(self, major: int) -> int:
         """Bytes between consecutive rows along the non-contiguous dimension."""
