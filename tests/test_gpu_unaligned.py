@@ -217,7 +217,7 @@ def padded_operand(rows, cols, major, gen, pad=5):
     return view if major == "row" else view.T
 
 
-RAGGED = [(1000, 1539, 1021), (129, 4099, 2047), (777, 93, 515), (5, 300, 77), (1, 3, 1), (7, 3, 1)]
+RAGGED = [(1000, 1539, 1021), (129, 4099, 2047), (777, 93, 515), (5, 300, 77), (1, 3, 1), (7, 3, 2)]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
