@@ -99,3 +99,17 @@ def nan_full(shape, dtype):
     import torch
 
     return torch.full(shape, float("nan"), device="cuda", dtype=torch_dtype(dtype))
+
+
+def padded_operand(rows, cols, major, gen, pad=5):
+    """A (rows, cols) operand whose rows end mid-unit inside NaN-padded rows (the leading
+    stride a whole number of 16-byte units, `pad` NaN elements or more past each row end):
+    row-major ("row") or a transposed view ("col") of a slice of a wider array."""
+    import torch
+
+    inner, outer = (cols, rows) if major == "row" else (rows, cols)
+    width = -(-(inner + pad) // 8) * 8
+    frame = torch.full((outer, width), float("nan"), device="cuda", dtype=torch.bfloat16)
+    frame[:, :inner] = random_operand(outer, inner, "bf16", "row", gen)
+    view = frame[:, :inner]
+    return view if major == "row" else view.T

@@ -12,7 +12,7 @@ import jitgemm
 from jitgemm.config import KernelConfig
 
 sys.path.insert(0, str(Path(__file__).parent))  # python -P leaves the script's folder out
-from gpu_helpers import assert_close, guarded_out, random_operand  # noqa: E402
+from gpu_helpers import assert_close, guarded_out, padded_operand, random_operand  # noqa: E402
 
 # (name, config knobs, (M, N, K), a layout, b layout, with C)
 CASES = [
@@ -111,6 +111,7 @@ CASES = [
     ),
 ]
 UNALIGNED = (301, 203, 77)  # K and N odd: the operands are staged (staging.py), the result (odd N) stored directly
+RAGGED = (301, 203, 77)  # rows ending mid-unit in padded rows (NaN past their ends): TMA reads them in place
 DECODE = (2, 301, 999)  # 2 rows against a view of b 2 bytes into a unit
 DECODE_COLS = (11, 133, 1001)  # 11 rows against W.t() of odd K in a padded view: the cols kernel
 
@@ -135,6 +136,13 @@ def run() -> None:
         torch.cuda.synchronize()
         assert_close(out, a, b, "bf16")
     print("ok unaligned", flush=True)
+    m, n, k = RAGGED
+    for la, lb in (("row", "row"), ("col", "col")):
+        a, b = padded_operand(m, k, la, gen), padded_operand(k, n, lb, gen)
+        out = jitgemm.gemm(a, b, out_dtype=torch.float32)
+        torch.cuda.synchronize()
+        assert_close(out, a, b, "fp32")
+    print("ok ragged", flush=True)
     # the decode kernel (decode.py): b read in place, its first and last units element by
     # element, two strips and a K split; twice, so that the second launch reads the counters
     # the first reset

@@ -6,7 +6,7 @@ Every result against a float64 reference, into NaN-poisoned outputs with guard b
 import dataclasses
 
 import pytest
-from gpu_helpers import assert_close, latin_shapes, random_operand, torch_dtype
+from gpu_helpers import assert_close, latin_shapes, padded_operand, random_operand, torch_dtype
 
 import jitgemm
 from jitgemm import api
@@ -201,20 +201,6 @@ def test_unaligned_benchmark_smoke(tmp_path):
     for row in rows:
         assert row["jitgemm_us"] > 0 and row["aligned_us"] > 0 and row["cublas_us"] > 0
         assert ("decode" if row["unaligned"][0] <= 2 else "_od") in row["config"]
-
-
-def padded_operand(rows, cols, major, gen, pad=5):
-    """A (rows, cols) operand whose rows end mid-unit inside NaN-padded rows (the leading
-    stride a whole number of 16-byte units, `pad` NaN elements or more past each row end):
-    row-major ("row") or a transposed view ("col") of a slice of a wider array."""
-    import torch
-
-    inner, outer = (cols, rows) if major == "row" else (rows, cols)
-    width = -(-(inner + pad) // 8) * 8
-    frame = torch.full((outer, width), float("nan"), device="cuda", dtype=torch.bfloat16)
-    frame[:, :inner] = random_operand(outer, inner, "bf16", "row", gen)
-    view = frame[:, :inner]
-    return view if major == "row" else view.T
 
 
 RAGGED = [(1000, 1539, 1021), (129, 4099, 2047), (777, 93, 515), (5, 300, 77), (1, 3, 1), (7, 3, 2)]
