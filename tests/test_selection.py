@@ -54,6 +54,10 @@ def _fresh_latency(warm, fresh) -> list:
     _forget_problems()
     for p in warm:
         heuristics.select(p, H200)
+    # A full collection walks everything the test process holds (over a thousand tests' worth in
+    # a whole run: one took 117 ms here); it is not select's work (BENCHMARKS.md, session 21),
+    # so the timed loop starts with none due.
+    gc.collect()
     times = []
     for p in fresh:
         start = time.perf_counter()
