@@ -1,7 +1,8 @@
 """Decode against weights TMA cannot read: a of a few rows times a b whose rows (or columns)
 have unit stride but start off the 16-byte grid (a leading stride that is not whole 16-byte
 units, a misaligned base; rows that merely end mid-unit in padded rows TMA reads itself), by a
-kernel that reads b in place instead of staging it and running the GEMM. Two kernels, one per b layout (`Decoder`):
+kernel that reads b in place instead of staging it and running the GEMM. Two kernels, one per
+b layout (`Decoder`):
 
 - ROWS (templates/common/decode_rows.cuh): a row-major b (odd N, a misaligned view), M <= 4,
   fp32 FMAs on the CUDA cores;

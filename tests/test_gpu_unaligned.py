@@ -9,7 +9,7 @@ import pytest
 from gpu_helpers import assert_close, latin_shapes, padded_operand, random_operand, torch_dtype
 
 import jitgemm
-from jitgemm import api
+from jitgemm import api, staging
 from jitgemm.problem import Problem
 
 pytestmark = pytest.mark.gpu
@@ -215,8 +215,6 @@ def test_ragged_rows_in_padded_rows_are_read_in_place(shape, layout, gen):
     import warnings
 
     import torch
-
-    from jitgemm import staging
 
     m, n, k = shape
     a = padded_operand(m, k, layout[0], gen)
