@@ -4,6 +4,7 @@ wide as the alignment allows; nothing is copied and nothing outside the output i
 Every result against a float64 reference, into NaN-poisoned outputs with guard bands."""
 
 import dataclasses
+import warnings
 
 import pytest
 from gpu_helpers import assert_close, latin_shapes, padded_operand, random_operand, torch_dtype
@@ -212,8 +213,6 @@ def test_ragged_rows_in_padded_rows_are_read_in_place(shape, layout, gen):
     """Operands whose rows end mid-unit in rows padded to whole units (slices of wider arrays)
     are read by TMA in place: no staging, no copy, no warning; the NaN past each row end never
     reaches the result (TMA loads the elements past the extent as zeros)."""
-    import warnings
-
     import torch
 
     m, n, k = shape
