@@ -15,10 +15,11 @@ traffic. On an H100 (2026-12-02, CUDA graphs, 4 weights rotated): 1x50257x4096 1
 about half the staged time but at 0.77-0.97x cuBLAS, whose kernels for them are faster than
 for one row (BENCHMARKS.md, session 9). Five rows and more keep the staged GEMM for a row-major
 b: ROWS' FMAs fall behind its loads there (COLS' tensor cores do not). COLS on an H100
-(2026-12-07, the same method): 2x4144x14084 66 us against 127 staged (cuBLAS 58), 8x14336x4095
-65 against 140 (cuBLAS 155), 4x151655x4097 641 against 1314 (cuBLAS 796); it streams W at
-0.45-0.65 of the copy bandwidth, so 1-16 rows with K of a few thousand stay at 0.78-0.91x cuBLAS
-(BENCHMARKS.md, session 20).
+(2026-12-07, CUDA graphs over 512 MB of weights): 2x4144x14084 51 us (staged: 127, session 20;
+cuBLAS 56), 8x14336x4095 63 (cuBLAS 154), 4x151655x4097 484 (cuBLAS 783). It streams W at
+0.78-0.88 of the copy bandwidth where its blocks take long ranges of K, but at 0.55-0.64 where
+the split gives each warp a few windows, and there 1-16 rows with K of a few thousand run at
+0.81-0.98x cuBLAS (BENCHMARKS.md, session 27).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ WAVE_FILL = 0.95  # see `Decoder.split_for`
 
 class Split(NamedTuple):
     """The grid: N in strips of `Decoder.strip` columns, K in splits of whole `granule` rows, a
-    block for each strip and group of WARPS_PER_BLOCK consecutive splits (a warp each)."""
+    block for each strip and group of WARPS_PER_BLOCK consecutive splits (ROWS: a warp each;
+    COLS: the group's rows, its warps taking their granules in turn)."""
 
     strips: int
     groups: int

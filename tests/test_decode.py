@@ -293,11 +293,11 @@ def _emulate_cols(a: np.ndarray, b_mem: bytes, b_first: int, b_row: int, n: int)
     for strip in range(s.strips):
         for group in range(s.groups):
             block_sums = np.zeros((decode.WARPS_PER_BLOCK, rows * strip_len))
-            for warp in range(decode.WARPS_PER_BLOCK):
-                split = group * decode.WARPS_PER_BLOCK + warp
-                k0, k1 = split * s.rows, min(k, (split + 1) * s.rows)
+            warps = decode.WARPS_PER_BLOCK
+            k0, k1 = group * warps * s.rows, min(k, (group + 1) * warps * s.rows)
+            for warp in range(warps):
                 acc = np.zeros((32, strip_len // 16, rows // 8, 4))
-                for kw in range(k0, k1, COLS.granule):
+                for kw in range(k0 + warp * COLS.granule, k1, warps * COLS.granule):  # the warps' windows in turn
                     words = {}  # (lane, block, 0 or 8) -> the column's 8 elements as floats
                     act = {}  # (lane, h) -> a's 8 elements
                     for lane in range(32):

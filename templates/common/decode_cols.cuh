@@ -4,17 +4,19 @@
 // place: no staging pass over b. A translation unit once realign.cuh and decode_common.cuh are
 // prepended (no headers: NVRTC from pip has no include path); 16-bit inputs.
 //
-// Each warp takes a strip of STRIP columns of b (four blocks of 16) and a range of K (a split),
-// in windows of 32. Lane (g, t) = (lane / 4, lane % 4) loads elements [8t, 8t + 8) of the window
-// of columns g and g + 8 of each block, as the two aligned 16-byte units around them realigned
-// by the column's byte offset (`shifted`). Those are the A fragments of two m16n8k16 tensor-core
-// products (the window's k16 halves; the sum over k does not care which k a slot holds, so
-// slots 2t, 2t + 1, 2t + 8, 2t + 9 of half s hold k = 8t + 4s + 0..3), and the same k of a's
-// rows g and g + 8 are their B fragments: D[column, row of a] in fp32. A block's warps are
-// consecutive splits of one strip (a group): their sums are added in shared memory, and the
-// group's written to the workspace; the last group of a strip to finish (a counter per strip,
-// reset by it) adds the groups and writes the strip's outputs. Sums are added in split order,
-// so results do not depend on timing.
+// A block takes a strip of STRIP columns of b (four blocks of 16) and a group's range of K
+// (WARPS splits' rows); its warps take the range's windows of 32 in turn, so together they read
+// 512 contiguous bytes of each column per step (a contiguous range per warp, each column read 64
+// bytes at a time in 8 places, took up to 1.35x the time: BENCHMARKS.md, session 27). Lane (g, t)
+// = (lane / 4, lane % 4) loads elements [8t, 8t + 8) of the window of columns g and g + 8 of each
+// block, as the two aligned 16-byte units around them realigned by the column's byte offset
+// (`shifted`). Those are the A fragments of two m16n8k16 tensor-core products (the window's k16
+// halves; the sum over k does not care which k a slot holds, so slots 2t, 2t + 1, 2t + 8, 2t + 9
+// of half s hold k = 8t + 4s + 0..3), and the same k of a's rows g and g + 8 are their B
+// fragments: D[column, row of a] in fp32. The block's warps' sums are added in shared memory,
+// and the group's written to the workspace; the last group of a strip to finish (a counter per
+// strip, reset by it) adds the groups and writes the strip's outputs. Sums are added in warp and
+// group order, so results do not depend on timing.
 
 constexpr int STRIP = 64;  // columns of b per warp: BLOCKS blocks of 16 (an m16 product each)
 constexpr int BLOCKS = STRIP / 16;
@@ -83,14 +85,15 @@ __device__ __forceinline__ uint4 a_words(const DecodeArgs& p, const int row, con
     return make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
 }
 
-// One warp's split of one strip: acc[j][h] holds D of block j and rows [8h, 8h + 8) of a:
-// lane (g, t) has columns 16j + g (acc[..][0..1]) and 16j + g + 8 (acc[..][2..3]) of rows
-// 8h + 2t and 8h + 2t + 1 (zero for a split past K).
+// One warp's windows of one strip's group: every WARPS-th window of 32 of the group's K range
+// (WARPS splits' rows), from the warp's own. acc[j][h] holds D of block j and rows [8h, 8h + 8)
+// of a: lane (g, t) has columns 16j + g (acc[..][0..1]) and 16j + g + 8 (acc[..][2..3]) of rows
+// 8h + 2t and 8h + 2t + 1 (zero for a warp with no window inside K).
 template <bool FP16, int H>
-__device__ __forceinline__ void split_sums(const DecodeArgs& p, const int strip, const int split, const int lane,
-                                           float (&acc)[BLOCKS][H][4]) {
+__device__ __forceinline__ void warp_sums(const DecodeArgs& p, const int strip, const int group, const int warp,
+                                          const int lane, float (&acc)[BLOCKS][H][4]) {
     const int g = lane / 4, t = lane % 4;
-    const int k0 = split * p.rows_per_split, k1 = min(p.k, k0 + p.rows_per_split);
+    const int k0 = group * WARPS * p.rows_per_split, k1 = min(p.k, k0 + WARPS * p.rows_per_split);
     const int col0 = strip * STRIP + g;
     const u64 first_byte = (u64)p.b;
     const u64 end_byte = first_byte + 2ull * ((long long)(p.n - 1) * p.b_row + p.k);
@@ -102,7 +105,7 @@ __device__ __forceinline__ void split_sums(const DecodeArgs& p, const int strip,
             for (int r = 0; r < 4; ++r) acc[j][h][r] = 0.f;
     // Loads in flight: every block's for one row group of a; half of them for two (registers).
     constexpr int BATCH = H == 1 ? BLOCKS : BLOCKS / 2;
-    for (int kw = k0; kw < k1; kw += WINDOW) {
+    for (int kw = k0 + warp * WINDOW; kw < k1; kw += WARPS * WINDOW) {
         const int k = kw + 8 * t;
         uint4 act[H];
 #pragma unroll
@@ -130,7 +133,7 @@ __device__ __forceinline__ void split_sums(const DecodeArgs& p, const int strip,
     }
 }
 
-// A block: WARPS splits of one strip (a group). Its warps' sums are added in shared memory in
+// A block: one group of one strip. Its warps' sums are added in shared memory in
 // warp order and written as the group's partial sums (row-major: 8 * H rows of a, STRIP
 // columns); the strip's counter then tells the last group to finish, whose block adds the
 // groups in order and writes the strip's outputs.
@@ -142,7 +145,7 @@ __device__ __forceinline__ void decode_block(const DecodeArgs& p, const int stri
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     float acc[BLOCKS][H][4];
-    split_sums<FP16, H>(p, strip, group * WARPS + warp, lane, acc);
+    warp_sums<FP16, H>(p, strip, group, warp, lane, acc);
 #pragma unroll
     for (int j = 0; j < BLOCKS; ++j)
 #pragma unroll
