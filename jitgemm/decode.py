@@ -16,10 +16,10 @@ about half the staged time but at 0.77-0.97x cuBLAS, whose kernels for them are 
 for one row (BENCHMARKS.md, session 9). Five rows and more keep the staged GEMM for a row-major
 b: ROWS' FMAs fall behind its loads there (COLS' tensor cores do not). COLS on an H100
 (2026-12-07, CUDA graphs over 512 MB of weights): 2x4144x14084 51 us (staged: 127, session 20;
-cuBLAS 56), 8x14336x4095 63 (cuBLAS 154), 4x151655x4097 484 (cuBLAS 783). It streams W at
-0.78-0.88 of the copy bandwidth where its blocks take long ranges of K, but at 0.55-0.64 where
-the split gives each warp a few windows, and there 1-16 rows with K of a few thousand run at
-0.81-0.98x cuBLAS (BENCHMARKS.md, session 27).
+cuBLAS 56), 8x14336x4095 55 (cuBLAS 155), 4x151655x4097 485 (cuBLAS 804), after session 28's
+split rule. It streams W at up to 0.86 of the copy bandwidth, but where K is a few thousand and
+M 8-16 it still trails cuBLAS (16x11008x4100 0.86x; 3 of 16 held-out shapes below 1x) and every
+shape trails the aligned neighbour TMA reads (1.2-2x its time: BENCHMARKS.md, session 28).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from .problem import DTYPE_BYTES, Problem
 THREADS = 256  # the kernels' __launch_bounds__
 WARPS_PER_BLOCK = THREADS // 32
 BLOCKS_PER_SM = 2  # the kernels' __launch_bounds__(THREADS, 2)
+B_BYTES = 2  # the decode kernels' b is 16-bit
 WAVE_FILL = 0.95  # see `Decoder.split_for`
 
 
@@ -61,6 +62,9 @@ class Decoder(NamedTuple):
     # The fewest rows of b a split reads: the partial sums (M x strip fp32 a group, written and
     # read back through L2) stay small beside the bytes streamed.
     min_split_rows: int
+    # A block's fixed cost in bytes of b streamed (`split_for`), fitted on an H100 to every group
+    # count of 16 random shapes (BENCHMARKS.md, session 28); None: split to fill the waves.
+    block_overhead: int | None
     sum_rows: tuple  # the kernel instances' rows of a, ascending (M runs the first >= M)
 
     def kernel_rows(self, m: int) -> int:
@@ -68,17 +72,28 @@ class Decoder(NamedTuple):
         return next(rows for rows in self.sum_rows if rows >= m)
 
     def split_for(self, n: int, k: int, num_sms: int) -> Split:
-        """The fewest groups a strip whose blocks fill their waves (BLOCKS_PER_SM blocks a SM) to
-        WAVE_FILL, else the fullest waves; at most as many groups as K has splits of
-        min_split_rows rows. Every block streams as many rows, so a wave's empty slots are lost
-        time: 203 blocks (1x50257x4096) ran at 1958 GB/s on the H200's 264 slots, where the
-        scratch kernel's single full wave reached 2541."""
+        """A strip's group count: at most as many as K has splits of min_split_rows rows, and
+
+        - with a `block_overhead`, the count of least estimated time (the fewest of equals):
+          waves of blocks (BLOCKS_PER_SM a SM) times a block's time as bytes, the b it streams
+          plus the overhead (a's loads, the first loads' latency, the partial sums). A wave's
+          empty slots cost little where blocks stream long. COLS on an H100 (BENCHMARKS.md,
+          session 28): the fastest count on 16 of 16 held-out shapes, where filling the waves
+          ran them 1.05x slower (up to 1.32x);
+        - else the fewest that fill their waves to WAVE_FILL, else the fullest waves: 203 blocks
+          (1x50257x4096) ran at 1958 GB/s on the H200's 264 slots, a full wave at 2541. ROWS
+          keeps it: the cost rule fitted to ROWS ran its held-out shapes 0.99x as fast."""
         strips = -(-n // self.strip)
         slots = num_sms * BLOCKS_PER_SM
         granule = self.granule
 
         def rows_of(groups: int) -> int:  # a split's rows: whole granules
             return -(-k // (groups * WARPS_PER_BLOCK * granule)) * granule
+
+        def cost(groups: int) -> int:
+            waves = -(-strips * groups // slots)
+            streamed = self.strip * min(WARPS_PER_BLOCK * rows_of(groups), k) * B_BYTES
+            return waves * (streamed + self.block_overhead)
 
         def fill(groups: int) -> float:
             blocks = strips * groups
@@ -94,9 +109,12 @@ class Decoder(NamedTuple):
                 if g * WARPS_PER_BLOCK * rows_of(g) < 1 << 31
             }
         )
-        groups = next((g for g in counts if fill(g) >= WAVE_FILL), None)
-        if groups is None:
-            groups = max(counts, key=lambda g: (fill(g), -g))
+        if self.block_overhead is not None:
+            groups = min(counts, key=lambda g: (cost(g), g))
+        else:
+            groups = next((g for g in counts if fill(g) >= WAVE_FILL), None)
+            if groups is None:
+                groups = max(counts, key=lambda g: (fill(g), -g))
         return Split(strips, groups, rows_of(groups), strips * groups)
 
 
@@ -109,6 +127,7 @@ ROWS = Decoder(
     strip=31 * 8,
     granule=8,
     min_split_rows=16,
+    block_overhead=None,
     sum_rows=(1, 2, 4),  # 3 rows run the 4-row instance
 )
 COLS = Decoder(
@@ -123,6 +142,7 @@ COLS = Decoder(
     strip=64,
     granule=32,
     min_split_rows=64,
+    block_overhead=43_000,
     sum_rows=(8, 16),  # one or two n8 products
 )
 DECODERS = (ROWS, COLS)
