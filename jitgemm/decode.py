@@ -71,51 +71,52 @@ class Decoder(NamedTuple):
         """The rows of a the kernel's instance for M rows sums (and lays out its partials for)."""
         return next(rows for rows in self.sum_rows if rows >= m)
 
-    def split_for(self, n: int, k: int, num_sms: int) -> Split:
-        """A strip's group count: at most as many as K has splits of min_split_rows rows, and
+    def split_rows(self, k: int, groups: int) -> int:
+        """A split's rows of b when K is cut in `groups` groups: whole granules."""
+        return -(-k // (groups * WARPS_PER_BLOCK * self.granule)) * self.granule
 
-        - with a `block_overhead`, the count of least estimated time (the fewest of equals):
-          waves of blocks (BLOCKS_PER_SM a SM) times a block's time as bytes, the b it streams
-          plus the overhead (a's loads, the first loads' latency, the partial sums). A wave's
+    def group_counts(self, k: int) -> list:
+        """The group counts K may be cut in: at most as many as K has splits of min_split_rows
+        rows, none that leaves a group without rows, and none whose last split ends past the
+        kernels' 32-bit K indices (the splits round up; K may be near 2^31)."""
+        most = -(-k // (self.min_split_rows * WARPS_PER_BLOCK))
+        counts = {-(-k // (self.split_rows(k, g) * WARPS_PER_BLOCK)) for g in range(1, most + 1)}
+        return sorted(g for g in counts if g * WARPS_PER_BLOCK * self.split_rows(k, g) < 1 << 31)
+
+    def split_cost(self, n: int, k: int, num_sms: int, groups: int, block_overhead: int) -> int:
+        """The estimated time of `groups` groups, in bytes: waves of blocks (BLOCKS_PER_SM a SM)
+        times a block's bytes of b plus `block_overhead`."""
+        strips = -(-n // self.strip)
+        waves = -(-(strips * groups) // (num_sms * BLOCKS_PER_SM))
+        streamed = self.strip * min(WARPS_PER_BLOCK * self.split_rows(k, groups), k) * B_BYTES
+        return waves * (streamed + block_overhead)
+
+    def split_for(self, n: int, k: int, num_sms: int) -> Split:
+        """A strip's group count, of `group_counts`:
+
+        - with a `block_overhead`, the count of least `split_cost` (the fewest of equals). A
+          block's overhead is a's loads, the first loads' latency, the partial sums; a wave's
           empty slots cost little where blocks stream long. COLS on an H100 (BENCHMARKS.md,
-          session 28): the fastest count on 16 of 16 held-out shapes, where filling the waves
-          ran them 1.05x slower (up to 1.32x);
+          session 28; examples/decode_split.py): the fastest count on 16 of 16 held-out shapes,
+          where filling the waves ran them 1.05x slower (up to 1.33x);
         - else the fewest that fill their waves to WAVE_FILL, else the fullest waves: 203 blocks
           (1x50257x4096) ran at 1958 GB/s on the H200's 264 slots, a full wave at 2541. ROWS
           keeps it: the cost rule fitted to ROWS ran its held-out shapes 0.99x as fast."""
         strips = -(-n // self.strip)
         slots = num_sms * BLOCKS_PER_SM
-        granule = self.granule
-
-        def rows_of(groups: int) -> int:  # a split's rows: whole granules
-            return -(-k // (groups * WARPS_PER_BLOCK * granule)) * granule
-
-        def cost(groups: int) -> int:
-            waves = -(-strips * groups // slots)
-            streamed = self.strip * min(WARPS_PER_BLOCK * rows_of(groups), k) * B_BYTES
-            return waves * (streamed + self.block_overhead)
+        counts = self.group_counts(k)
 
         def fill(groups: int) -> float:
             blocks = strips * groups
             return blocks / (-(-blocks // slots) * slots)
 
-        most = -(-k // (self.min_split_rows * WARPS_PER_BLOCK))
-        # the group counts that leave no group without rows, and whose last split ends where
-        # the kernels' 32-bit K indices reach (the splits round up; K may be near 2^31)
-        counts = sorted(
-            {
-                g
-                for g in {-(-k // (rows_of(g) * WARPS_PER_BLOCK)) for g in range(1, most + 1)}
-                if g * WARPS_PER_BLOCK * rows_of(g) < 1 << 31
-            }
-        )
         if self.block_overhead is not None:
-            groups = min(counts, key=lambda g: (cost(g), g))
+            groups = min(counts, key=lambda g: (self.split_cost(n, k, num_sms, g, self.block_overhead), g))
         else:
             groups = next((g for g in counts if fill(g) >= WAVE_FILL), None)
             if groups is None:
                 groups = max(counts, key=lambda g: (fill(g), -g))
-        return Split(strips, groups, rows_of(groups), strips * groups)
+        return Split(strips, groups, self.split_rows(k, groups), strips * groups)
 
 
 ROWS = Decoder(

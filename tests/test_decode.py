@@ -117,6 +117,14 @@ def test_the_group_count_is_the_fastest_measured(decoder, n, k, groups):
     assert decoder.split_for(n, k, 132).groups == groups
 
 
+def test_the_split_cost_counts_waves_of_a_blocks_bytes_and_overhead():
+    # 1x14336x4095: 224 strips of 64 columns, 264 slots on 132 SMs
+    assert COLS.split_cost(14336, 4095, 132, 1, 43_000) == 1 * (64 * 4095 * 2 + 43_000)  # one wave, all of K a block
+    assert COLS.split_cost(14336, 4095, 132, 8, 43_000) == 7 * (64 * 8 * 64 * 2 + 43_000)  # 1792 blocks of 512 rows
+    assert COLS.split_rows(4095, 8) == 64 and COLS.split_rows(4095, 1) == 512
+    assert COLS.group_counts(4095) == [1, 2, 3, 4, 6, 8]  # 8 splits of at least 64 rows a group
+
+
 def test_fewer_groups_where_blocks_stream_much():
     # many strips: one wave of long blocks beats more waves of shorter ones
     assert COLS.split_for(14336, 4095, 132).groups < COLS._replace(block_overhead=0).split_for(14336, 4095, 132).groups
