@@ -42,6 +42,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))  # benchmark.py's timing helpers (measure)
+sys.path.insert(0, str(HERE.parent / "tests"))  # gpu_helpers' elementwise check (measure)
 
 from jitgemm import decode  # noqa: E402
 
@@ -93,8 +94,6 @@ def candidates(decoder: decode.Decoder, n: int, k: int, num_sms: int) -> list:
 def measure_shape(decoder, m, n, k, num_sms, rounds):
     import torch
     from benchmark import L2_DEFEAT_BYTES, graph_of, time_graph
-
-    sys.path.insert(0, str(HERE.parent / "tests"))
     from gpu_helpers import assert_close
 
     import jitgemm
@@ -130,6 +129,7 @@ def measure_shape(decoder, m, n, k, num_sms, rounds):
             api._plans.clear()
             o.fill_(float("nan"))
             gemm(a, b, o)
+            assert any(isinstance(plan.call, decode.DecodeLaunch) for plan in api._plans.values()), "no decode ran"
             assert_close(o, a, b, "bf16")
             graphs[f"g{g}"] = graph_of(gemm, unaligned)
     finally:
