@@ -18,9 +18,11 @@ pass, in microseconds, and with --json the per-problem times of every pass. A fu
 generation 1 pass walks every object that survived the generation 0 passes since the last one
 (those of ~7,000 allocations). Either lands inside whichever call allocates when it falls due:
 each pass also prints how many of each did, their length, and the max of the calls no such
-pass ran in.
+pass ran in. With --freeze, each pass calls `gc.freeze()` after its warm-up, as a server can
+after its own (README, "Python's garbage collector"): collections then leave out every object
+made before, the memos the warm-up filled included.
 
-    PYTHONPATH=. python examples/select_latency.py --passes 5
+    PYTHONPATH=. python examples/select_latency.py --passes 5 [--freeze]
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--per-weight", type=int, default=50, help="token counts per fixed weight")
     ap.add_argument("--json", help="write the per-problem times (us) here")
+    ap.add_argument("--freeze", action="store_true", help="gc.freeze() after each pass's warm-up")
     args = ap.parse_args()
     sets = problem_sets(args.per_weight)
     rng = random.Random(10)
@@ -149,6 +152,8 @@ def main() -> None:
                 memo.cache_clear()
             for p in warm:
                 heuristics.select(p, H200)
+            if args.freeze:
+                gc.freeze()
             order = list(fresh)
             rng.shuffle(order)
             times, clean = {}, []  # clean: the times of calls no generation 1 or 2 pass ran in
