@@ -3,6 +3,8 @@
     python .ci/gate.py record KEYS.json     # before the first step
     python .ci/gate.py check KEYS.json      # after every step: exit 1, listing what changed
 
+(record and check with the same version of this script: it names the keys).
+
 It records the cache key of every kernel `jitgemm precompile --dry-run --json` plans for a broad
 set of problems (both archs, both input dtypes, 16-bit and fp32 outputs, all four layouts, with
 and without C, M from decode to large, odd sizes) and for every forced configuration of the GPU
@@ -82,8 +84,8 @@ def collect() -> dict:
                     keys[f"{name}/{p['m']}x{p['n']}x{p['k']}"] = kernel["key"]
     configs = _forced_configs()
     summary = _precompile(["--arch", "sm_90a", "--num-sms", "132"] + [a for c in configs for a in ("--config", c)])
-    for kernel in summary["kernels"]:
-        keys[f"forced/{json.dumps(kernel['config'], sort_keys=True)}"] = kernel["key"]
+    for kernel in summary["kernels"]:  # (named by kernel: a new config field at its default keeps the name)
+        keys[f"forced/{kernel['kernel']}"] = kernel["key"]
     return keys
 
 
@@ -98,17 +100,20 @@ def main(argv: list[str]) -> int:
         print(f"gate: recorded {len(keys)} problem and config keys ({len(set(keys.values()))} kernels) in {path}")
         return 0
     recorded = json.loads(path.read_text())
-    # Every name collected now must have its recorded key; names recorded but no longer collected
-    # (this script asking for less) are only counted.
-    changed = sorted(name for name in keys if recorded.get(name) != keys[name])
+    # Every name recorded must be collected now, with its recorded key (a forced kernel renamed
+    # is gone from the record); names new since the record (a new feature's forced configs) are
+    # only counted.
+    changed = sorted(name for name in keys.keys() & recorded.keys() if recorded[name] != keys[name])
     for name in changed[:20]:
-        print(f"gate: changed {name}: {recorded.get(name)} -> {keys.get(name)}")
+        print(f"gate: changed {name}: {recorded[name]} -> {keys[name]}")
+    new = len(keys.keys() - recorded.keys())
     dropped = len(recorded.keys() - keys.keys())
     print(
         f"gate: {len(keys)} keys ({len(set(keys.values()))} kernels), {len(changed)} changed"
+        + (f", {new} new" if new else "")
         + (f", {dropped} recorded ones no longer collected" if dropped else "")
     )
-    return 1 if changed else 0
+    return 1 if changed or dropped else 0
 
 
 if __name__ == "__main__":
