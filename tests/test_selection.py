@@ -333,3 +333,22 @@ def test_the_latency_script_freezes_the_warmed_up_objects(monkeypatch, capsys):
         script.main()
         assert len(calls) == want
     assert capsys.readouterr().out.count("tiny: 2 problems") == 4
+
+
+def test_the_latency_script_reports_each_problems_fastest_pass(monkeypatch, capsys, tmp_path):
+    """With several passes, the median and max of each problem's fastest pass, from the times
+    of every pass (--json holds them)."""
+    script = load_example("select_latency")
+    warm = [Problem(64, 512, 512)]
+    fresh = [Problem(100, 512, 512), Problem(200, 768, 512), Problem(300, 1024, 512)]
+    monkeypatch.setattr(script, "problem_sets", lambda per_weight: {"tiny": (warm, fresh)})
+    monkeypatch.setattr("sys.argv", ["select_latency.py", "--passes", "3", "--json", str(tmp_path / "t.json")])
+    script.main()
+    out = capsys.readouterr().out
+    rows = json.loads((tmp_path / "t.json").read_text())["tiny"]["times_us"]
+    best = sorted(map(min, zip(*rows)))
+    assert len(rows) == 3 and len(best) == 3
+    assert f"tiny: each problem's fastest of 3 passes: median {best[1]:6.0f} us, max {best[-1]:6.0f} us" in out
+    monkeypatch.setattr("sys.argv", ["select_latency.py", "--passes", "1"])
+    script.main()
+    assert "fastest of" not in capsys.readouterr().out
