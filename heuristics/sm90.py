@@ -51,6 +51,7 @@ from jitgemm.archs.sm90.layout import (
     STREAM_K_SPLITS,
     WGMMA_M,
     KernelLayout,
+    b_tail_fits,
     layout_of,
     pair_along,
     pipeline_bytes,
@@ -1945,8 +1946,20 @@ def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, devic
         merged["split_k"] = 1  # stream-K cuts the K blocks itself
     if chosen.swap_ab and not merged["swap_ab"] and "block_n" not in data and merged["block_n"] % 16:
         merged["block_n"] += 8  # a `narrowed` width is for swapped tiles: unswapped, the one it narrowed
-    cfg = KernelConfig(**merged)
+    # select's per-tile extras were for its own tile: for a tile given, the rows of A loaded are
+    # re-derived (at the end) and a B tail is kept where the tile can end in one (fields given
+    # stay as given)
     tile_changed = any(k in data for k in rules.TILE_FIELDS)
+    rederive_rows = tile_changed and "a_rows" not in data and not merged["swap_ab"]
+    if rederive_rows:
+        merged["a_rows"] = 0
+    cfg = KernelConfig(**merged)
+    if tile_changed and "b_tail" not in data and cfg.b_tail and not b_tail_fits(cfg):
+        cfg = with_fields(cfg, b_tail=False)
+    if "cluster_size" in data and "multicast" not in data and cfg.cluster_size == 2 and structural_problems(cfg):
+        other = with_fields(cfg, multicast="B" if cfg.multicast == "A" else "A")
+        if not structural_problems(other):  # the default side cannot pair this tile; the other can
+            cfg = other
     if not (tile_changed or "split_k" in data or "stream_k" in data):
         return cfg
     if tile_changed and structural_problems(cfg) and "cluster_size" not in data and "multicast" not in data:
@@ -1959,4 +1972,6 @@ def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, devic
             cfg = with_split(cfg, problem, device)  # select's split was for its own tile
         if "raster" not in data and "group_size" not in data:
             cfg = with_raster(cfg, problem, device)
+    if rederive_rows:  # (for the pairing settled above)
+        cfg = with_fields(cfg, a_rows=_a_rows(cfg, problem))
     return cfg

@@ -1122,6 +1122,40 @@ def test_env_partial_override_rederives_dependent_fields(monkeypatch):
     assert cfg == KernelConfig(**{**select(p, H200).to_dict(), "group_size": 3})
 
 
+def test_env_tile_rederives_selects_per_tile_extras(monkeypatch):
+    """select's B tail and rows of A were for its own tile: a tile given keeps the tail only where
+    it can end in one and re-derives the rows of A for its own block_m and pairing; a pair given
+    without a side takes the other side where the default one cannot pair the tile. Fields given
+    stay as given (and are checked)."""
+
+    def forced(p, fields):
+        monkeypatch.setenv("JITGEMM_CONFIG", json.dumps(fields))
+        cfg = config_from_env(p, H200)
+        assert check_config(cfg, p, H200) == [], cfg.name
+        return cfg
+
+    tail = Problem(4096, 576, 7168)
+    assert select(tail, H200).b_tail
+    assert not forced(tail, {"block_n": 128}).b_tail  # 128 is two whole pieces: no tail
+    assert forced(tail, {"block_n": 208}).b_tail  # 208 ends 16 past a piece: the tail stays
+    assert not forced(tail, {"block_n": 144, "b_tail": False}).b_tail
+    decode = Problem(81, 2104, 20423, "bf16", "fp32", "K", "N")
+    chosen = select(decode, H200)
+    assert (chosen.block_m, chosen.a_rows) == (128, 88)
+    assert forced(decode, {"block_m": 64}).a_rows == 0  # 88 rows fill more than one 64-row block
+    paired = forced(decode, {"cluster_size": 2})
+    assert (paired.multicast, paired.a_rows) == ("A", 0)  # a pair sharing A loads all its rows
+    assert forced(decode, {"block_n": 128}).a_rows == 88
+    monkeypatch.setenv("JITGEMM_CONFIG", '{"block_m": 64, "a_rows": 8}')
+    with pytest.raises(ValueError, match="a_rows=8 loads only"):
+        config_from_env(decode, H200)
+    odd = Problem(575, 810, 2000, "fp16", None, "M", "K")  # a 64-row M-major A tile: one piece
+    assert forced(odd, {"cluster_size": 2}).multicast == "B"  # A (the longer side) cannot pair it
+    monkeypatch.setenv("JITGEMM_CONFIG", '{"cluster_size": 2, "multicast": "A"}')
+    with pytest.raises(ValueError, match="multicast A: an MN-major tile of 64"):
+        config_from_env(odd, H200)
+
+
 def test_env_stream_k(monkeypatch):
     """stream_k alone keeps select's tile and drops its split (stream-K cuts K itself); a swapped
     choice cannot take it (ValueError naming JITGEMM_CONFIG)."""

@@ -306,14 +306,20 @@ def structural_problems(cfg: KernelConfig) -> list[str]:
         out.append(
             f"block_n={cfg.block_n} > 256 needs an N-major B (a K-major tile is one TMA box of at most 256 rows)"
         )
-    if cfg.b_tail:
+    if cfg.b_tail and not b_tail_fits(cfg):
         piece = mn_major_swizzle(cfg.block_n, elem) // elem
-        if cfg.b_major != "N" or cfg.multicast == "B" or cfg.block_n < piece or cfg.block_n % piece == 0:
-            out.append(
-                f"b_tail needs an N-major B that is not multicast, with block_n past a multiple of "
-                f"{piece} (got b_major={cfg.b_major!r}, multicast={cfg.multicast!r}, block_n={cfg.block_n})"
-            )
+        out.append(
+            f"b_tail needs an N-major B that is not multicast, with block_n past a multiple of "
+            f"{piece} (got b_major={cfg.b_major!r}, multicast={cfg.multicast!r}, block_n={cfg.block_n})"
+        )
     return out
+
+
+def b_tail_fits(cfg: KernelConfig) -> bool:
+    """Whether `cfg`'s B tile can end in a narrow tail (`b_tail`): an N-major B that is not
+    multicast, block_n past a multiple of its piece width."""
+    piece = mn_major_swizzle(cfg.block_n, DTYPE_BYTES[cfg.dtype]) // DTYPE_BYTES[cfg.dtype]
+    return cfg.b_major == "N" and cfg.multicast != "B" and cfg.block_n > piece and cfg.block_n % piece != 0
 
 
 TMA_BOX_MAX = 256  # elements along a TMA box dimension
