@@ -12,8 +12,9 @@ Each pass starts afresh but for the per-kind tables: it clears select's memo of 
 every memo of a problem's parts (`problem_memos`: what a problem's N, K or M grain make of a
 kind's layouts, the raster walks, the finished configs), runs the first problem of each kind
 (or weight) again, then times every problem once, in a shuffled order (the same in every
-pass), each with the memos the problems before it left (as a server's would be). Prints the median, p90 and max of each
-pass, in microseconds, and with --json the per-problem times of every pass. A full (generation
+pass), each with the memos the problems before it left (as a server's would be). Prints the
+median, p90 and max of each pass, in microseconds, and with --json the per-problem times of
+every pass. A full (generation
 2) pass of Python's garbage collector walks every object of the process, the memos included; a
 generation 1 pass walks every object that survived the generation 0 passes since the last one
 (those of ~7,000 allocations). Either lands inside whichever call allocates when it falls due:
@@ -178,7 +179,7 @@ def main() -> None:
                 f"full {len(ran[2])}{' (' + ', '.join(f'{ms:.1f}' for ms in ran[2]) + ' ms)' if ran[2] else ''}; "
                 f"max without one {max(clean, default=float('nan')):6.0f} us"
             )
-        if len(rows) > 1:  # the code's own cost: a call slowed by the machine in one pass is not in every pass
+        if len(rows) > 1:  # (see the docstring)
             best = sorted(map(min, zip(*rows)))
             print(
                 f"{name:>12}: each problem's fastest of {len(rows)} passes: median {statistics.median(best):6.0f} us, "

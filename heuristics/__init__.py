@@ -115,10 +115,12 @@ def config_from_env(problem: Problem, device: DeviceSpec, environ=None) -> Kerne
     taken from `select`'s choice, except those that follow from the ones given, which are
     re-derived by the same rules: num_consumers from block_m, cluster_size and multicast from each
     other (and no cluster when select's pairing does not fit the tile given; a cluster given
-    without a side pairs along the longer side, or the other one where only it can pair the
-    tile), num_stages (as many as fit), split_k (the cost model's best for that tile), a_rows
-    (the rows of A loaded, by select's rule) and select's B tail (kept where the tile can end
-    in one) when the tile changes, and the raster when the tile or split_k changes. `{"split_k": 4}` alone keeps select's tile and
+    without a side keeps select's side, or pairs along the longer side where select's choice
+    was unpaired, and takes the other side where only that one can pair the tile),
+    num_stages (as many as fit), split_k (the cost model's best for that tile) and a_rows (the
+    rows of A loaded, by select's rule) when the tile changes, select's B tail kept only where
+    the tile given can end in one (never added), and the raster when the tile or split_k
+    changes. `{"split_k": 4}` alone keeps select's tile and
     splits its K range up to 4 ways; `{"split_k": 1}` turns split-K off; `{"stream_k": true}` keeps
     select's tile and cuts its K blocks by stream-K instead (split_k 1; an unswapped choice only). `{"swap_ab": true}`
     (tile fields then in kernel coordinates, see jitgemm.geometry) drops select's B tail, a_rows,

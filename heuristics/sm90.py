@@ -1947,8 +1947,9 @@ def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, devic
     if chosen.swap_ab and not merged["swap_ab"] and "block_n" not in data and merged["block_n"] % 16:
         merged["block_n"] += 8  # a `narrowed` width is for swapped tiles: unswapped, the one it narrowed
     # select's per-tile extras were for its own tile: for a tile given, the rows of A loaded are
-    # re-derived (at the end) and a B tail is kept where the tile can end in one (fields given
-    # stay as given)
+    # re-derived (at the end, for the pairing settled; zeroed first, as select's rows may not fit
+    # the tile given) and a B tail is kept only where the tile can end in one (fields given stay
+    # as given)
     tile_changed = any(k in data for k in rules.TILE_FIELDS)
     rederive_rows = tile_changed and "a_rows" not in data and not merged["swap_ab"]
     if rederive_rows:
@@ -1958,7 +1959,9 @@ def config_with_fields(chosen: KernelConfig, data: dict, problem: Problem, devic
         cfg = with_fields(cfg, b_tail=False)
     if "cluster_size" in data and "multicast" not in data and cfg.cluster_size == 2 and structural_problems(cfg):
         other = with_fields(cfg, multicast="B" if cfg.multicast == "A" else "A")
-        if not structural_problems(other):  # the default side cannot pair this tile; the other can
+        if "b_tail" not in data and other.b_tail and not b_tail_fits(other):  # (a pair sharing B takes no tail)
+            other = with_fields(other, b_tail=False)
+        if not structural_problems(other):  # the side kept or taken by default cannot pair this tile; the other can
             cfg = other
     if not (tile_changed or "split_k" in data or "stream_k" in data):
         return cfg

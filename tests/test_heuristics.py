@@ -1138,7 +1138,14 @@ def test_env_tile_rederives_selects_per_tile_extras(monkeypatch):
     assert select(tail, H200).b_tail
     assert not forced(tail, {"block_n": 128}).b_tail  # 128 is two whole pieces: no tail
     assert forced(tail, {"block_n": 208}).b_tail  # 208 ends 16 past a piece: the tail stays
-    assert not forced(tail, {"block_n": 144, "b_tail": False}).b_tail
+    monkeypatch.setenv("JITGEMM_CONFIG", '{"block_n": 128, "b_tail": true}')  # a tail given is kept, and checked
+    with pytest.raises(ValueError, match="b_tail needs an N-major B"):
+        config_from_env(tail, H200)
+    # select's side (A) cannot pair an M-major A tile of one 64-wide piece; B can, without the tail
+    tail_m = Problem(4096, 576, 7168, "bf16", None, "M", "N")
+    assert select(tail_m, H200).b_tail and select(tail_m, H200).multicast == "A"
+    pair_b = forced(tail_m, {"block_m": 64, "block_n": 208, "cluster_size": 2})
+    assert (pair_b.multicast, pair_b.b_tail) == ("B", False)
     decode = Problem(81, 2104, 20423, "bf16", "fp32", "K", "N")
     chosen = select(decode, H200)
     assert (chosen.block_m, chosen.a_rows) == (128, 88)

@@ -352,3 +352,21 @@ def test_the_latency_script_reports_each_problems_fastest_pass(monkeypatch, caps
     monkeypatch.setattr("sys.argv", ["select_latency.py", "--passes", "1"])
     script.main()
     assert "fastest of" not in capsys.readouterr().out
+
+
+def test_the_latency_script_times_the_same_order_in_every_pass(monkeypatch):
+    """Each pass replays the fresh problems in one shuffled order, so that a problem meets the
+    same memos in every pass (its fastest pass is then its own cost)."""
+    script = load_example("select_latency")
+    warm = [Problem(64, 512, 512)]
+    fresh = [Problem(m, 512, 512) for m in range(100, 112)]
+    monkeypatch.setattr(script, "problem_sets", lambda per_weight: {"tiny": (warm, fresh)})
+    seen = []
+    real = script.sm90.select  # (heuristics.select's memo is cleared before each pass)
+    monkeypatch.setattr(script.sm90, "select", lambda p, d: (seen.append(p), real(p, d))[1])
+    monkeypatch.setattr("sys.argv", ["select_latency.py", "--passes", "3"])
+    script.main()
+    timed = [p for p in seen if p in fresh]
+    assert len(timed) == 3 * len(fresh)
+    passes = [timed[i * len(fresh) : (i + 1) * len(fresh)] for i in range(3)]
+    assert passes[0] == passes[1] == passes[2] and passes[0] != fresh  # shuffled once, replayed
