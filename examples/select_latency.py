@@ -14,10 +14,9 @@ kind's layouts, the raster walks, the finished configs), runs the first problem 
 (or weight) again, then times every problem once, in a shuffled order (the same in every
 pass), each with the memos the problems before it left (as a server's would be). Prints the
 median, p90 and max of each pass, in microseconds, and with --json the per-problem times of
-every pass. A full (generation
-2) pass of Python's garbage collector walks every object of the process, the memos included; a
-generation 1 pass walks every object that survived the generation 0 passes since the last one
-(those of ~7,000 allocations). Either lands inside whichever call allocates when it falls due:
+every pass. A full (generation 2) pass of Python's garbage collector walks every object of the
+process, the memos included; a generation 1 pass walks every object that survived the
+generation 0 passes since the last one (those of ~7,000 allocations). Either lands inside whichever call allocates when it falls due:
 each pass also prints how many of each did, their length, and the max of the calls no such
 pass ran in. With more than one pass, it also prints the median and max of each problem's
 fastest pass: the code's own cost, where a call slowed by the machine (other processes, a busy
